@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The test command. Installs what the tests need into ./.cache (NVRTC for PTX snapshot tests,
+# pinned real assets), then runs the whole workspace test suite. Safe to re-run; cached.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+cache="$root/.cache"
+mkdir -p "$cache"
+
+# NVRTC 13.0.88 from PyPI (no GPU needed): PTX snapshot tests must run, never skip.
+nvrtc_dir="$cache/nvrtc"
+if [ ! -e "$nvrtc_dir/nvidia/cu13/lib/libnvrtc.so.13" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$nvrtc_dir" nvidia-cuda-nvrtc==13.0.88
+fi
+export LD_LIBRARY_PATH="$nvrtc_dir/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export FUCINA_REQUIRE_NVRTC=1
+
+# Pinned test assets (checksummed); see scripts/fetch-assets.sh.
+bash scripts/fetch-assets.sh "$cache/assets"
+export FUCINA_TEST_ASSETS="$cache/assets"
+
+cargo test --workspace "$@"

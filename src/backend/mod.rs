@@ -1,0 +1,195 @@
+//! The op-level interface every backend implements. Models are written once over this trait; a
+//! backend knows tensors and ops, never Gemma or Qwen.
+//!
+//! Conventions:
+//! - Activations are 2-D, row-major `[rows, cols]`: one row per token position.
+//! - A weight matrix is `[out, in]` (PyTorch order) and stays in its checkpoint format; `linear`
+//!   computes `x @ w^T`. Expert banks are `[n_experts, out, in]`.
+//! - Ops return new tensors; the CPU backend allocates, a GPU backend draws from a pool.
+//! - Every fallible op returns `BackendError`; shape mismatches are errors, not panics.
+
+pub mod error;
+pub use error::BackendError;
+
+use crate::ops::{RopeLayout, RopeSpec};
+
+pub type Result<T> = std::result::Result<T, BackendError>;
+
+/// Elementwise gate of a gated linear unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// gelu_pytorch_tanh (Gemma's GeGLU)
+    GeluTanh,
+    /// SiLU (Qwen's SwiGLU)
+    Silu,
+}
+
+/// How a norm applies its weight.
+#[derive(Debug, Clone, Copy)]
+pub enum Norm<'a, T> {
+    /// x_hat * w
+    Plain(&'a T),
+    /// x_hat * (1 + w)
+    OnePlus(&'a T),
+    /// x_hat
+    None,
+}
+
+/// Rotary embedding parameters for one layer (positions are passed per call).
+#[derive(Debug, Clone)]
+pub struct Rope {
+    pub head_dim: usize,
+    pub rot_dims: usize,
+    pub theta: f32,
+    pub layout: RopeLayout,
+    pub freq_factors: Option<Vec<f32>>,
+    pub freq_base_dims: usize,
+}
+
+impl Rope {
+    pub fn spec(&self) -> RopeSpec<'_> {
+        RopeSpec {
+            head_dim: self.head_dim,
+            rot_dims: self.rot_dims,
+            theta: self.theta,
+            layout: self.layout,
+            freq_factors: self.freq_factors.as_deref(),
+            freq_base_dims: self.freq_base_dims,
+        }
+    }
+}
+
+/// Shape of one attention layer's KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Capacity in tokens.
+    pub capacity: usize,
+}
+
+/// Parameters of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnParams {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Multiplier on q.k (1/sqrt(head_dim) for most models, 1.0 for Gemma 4).
+    pub scale: f32,
+    /// Sliding window in tokens: a query at position p sees keys in (p - window, p].
+    pub window: Option<usize>,
+    /// Optional tanh soft-cap on attention scores.
+    pub softcap: Option<f32>,
+}
+
+/// Mixture-of-experts routing parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeParams {
+    pub n_experts: usize,
+    pub top_k: usize,
+    /// Renormalise the selected top-k probabilities to sum to one.
+    pub norm_topk: bool,
+    pub act: Activation,
+}
+
+/// A backend: storage for tensors and weights, and the ops the models need.
+pub trait Backend: Send + Sync + 'static {
+    /// An activation tensor `[rows, cols]` (f32 semantics).
+    type Tensor: Send + Sync;
+    /// A parameter in its checkpoint format (matrix, expert bank, or vector).
+    type Weight: Send + Sync;
+    /// One attention layer's K and V storage for one sequence.
+    type KvCache: Send;
+
+    fn name(&self) -> &'static str;
+
+    // ---- data movement ----
+    fn upload(&self, w: &crate::weights::TensorRef<'_>) -> Result<Self::Weight>;
+    fn tensor(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
+    fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
+    fn dims(&self, t: &Self::Tensor) -> (usize, usize);
+    /// A weight vector (norm weight, scalar) as an f32 tensor `[1, n]`.
+    fn weight_vector(&self, w: &Self::Weight) -> Result<Self::Tensor>;
+
+    // ---- matrix ops ----
+    /// Rows of an embedding table `[vocab, dim]`, times `scale`.
+    fn embed(&self, table: &Self::Weight, ids: &[u32], scale: f32) -> Result<Self::Tensor>;
+    /// `x @ w^T`: `[n, in] x [out, in] -> [n, out]`.
+    fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
+
+    // ---- elementwise and shape ----
+    fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
+    /// Elementwise product; `b` may be `[1, cols]` (broadcast over rows).
+    fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
+    fn scale(&self, a: &Self::Tensor, s: f32) -> Result<Self::Tensor>;
+    /// act(gate) * up.
+    fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
+    /// x * sigmoid(gate).
+    fn sigmoid_gate(&self, x: &Self::Tensor, gate: &Self::Tensor) -> Result<Self::Tensor>;
+    fn softcap(&self, x: &Self::Tensor, cap: f32) -> Result<Self::Tensor>;
+    /// Columns `[start, start + len)` of every row.
+    fn slice_cols(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor>;
+    /// Concatenate along columns.
+    fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+    /// Split every head of `x` (`n_heads` groups of `sum(sizes)` columns) into one tensor per
+    /// part: `[n, n_heads * sum] -> [[n, n_heads * sizes[i]]]`.
+    fn split_heads(&self, x: &Self::Tensor, n_heads: usize, sizes: &[usize])
+        -> Result<Vec<Self::Tensor>>;
+
+    // ---- normalisation and position ----
+    /// RMSNorm over groups of `dim` columns (dim == cols for a whole-row norm, head_dim for
+    /// per-head q/k norms); the weight has `dim` entries.
+    fn rms_norm(&self, x: &Self::Tensor, w: Norm<'_, Self::Tensor>, eps: f32, dim: usize)
+        -> Result<Self::Tensor>;
+    /// L2-normalise groups of `dim` columns: x / sqrt(sum(x^2) + eps).
+    fn l2_norm(&self, x: &Self::Tensor, eps: f32, dim: usize) -> Result<Self::Tensor>;
+    /// Rotate `n_heads` heads of each row; row i is at position `pos0 + i`.
+    fn rope(&self, x: &Self::Tensor, n_heads: usize, pos0: usize, rope: &Rope)
+        -> Result<Self::Tensor>;
+
+    // ---- attention ----
+    fn kv_cache(&self, shape: KvShape) -> Result<Self::KvCache>;
+    /// Write `k`, `v` (`[n, n_kv*hd]`) at positions `pos0 .. pos0 + n`.
+    fn kv_write(&self, cache: &mut Self::KvCache, pos0: usize, k: &Self::Tensor, v: &Self::Tensor)
+        -> Result<()>;
+    /// Causal attention of `q` (`[n, n_heads*hd]`, rows at `pos0 ..`) over the cache's
+    /// positions `0 .. pos0 + n` (limited by the window). Returns `[n, n_heads*hd]`.
+    fn attention(&self, q: &Self::Tensor, cache: &Self::KvCache, pos0: usize, p: &AttnParams)
+        -> Result<Self::Tensor>;
+    /// Copy the first `n` positions of `src` into `dst` (KV sharing / rewinds).
+    fn kv_truncate(&self, cache: &mut Self::KvCache, len: usize) -> Result<()>;
+
+    // ---- mixture of experts ----
+    /// Softmax router over `router_logits` (`[n, n_experts]`), top-k, then
+    /// `sum_k p_k * down_k(act(gate_k x) * up_k x)`. Expert banks are `[E, out, in]`.
+    fn moe(
+        &self,
+        x: &Self::Tensor,
+        router_logits: &Self::Tensor,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        down: &Self::Weight,
+        p: &MoeParams,
+    ) -> Result<Self::Tensor>;
+
+    // ---- Gated DeltaNet (Qwen3.5 linear attention) ----
+    /// Depthwise causal conv1d (kernel k) over columns, followed by SiLU. `state` holds the last
+    /// `k-1` inputs `[k-1, channels]` and is updated. `w` is `[channels, k]`.
+    fn causal_conv1d_silu(&self, x: &Self::Tensor, w: &Self::Weight, state: &mut Self::Tensor)
+        -> Result<Self::Tensor>;
+    /// The gated delta rule, token by token. Per value head h (with key head kh(h)):
+    /// S <- exp(g) S; delta = beta (v - S^T k); S <- S + k delta^T; o = S^T q.
+    /// q, k: `[n, n_v_heads*dk]` (already expanded to value heads, normalised, q scaled);
+    /// v: `[n, n_v*dv]`; g, beta: `[n, n_v]`; state: `[n_v, dk*dv]` updated in place.
+    fn gated_delta_rule(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        g: &Self::Tensor,
+        beta: &Self::Tensor,
+        state: &mut Self::Tensor,
+        dk: usize,
+        dv: usize,
+    ) -> Result<Self::Tensor>;
+}

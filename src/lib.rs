@@ -1,0 +1,12 @@
+//! fucina: an LLM inference engine for Gemma and Qwen with build-time generated CUDA kernels.
+//!
+//! Layers, top to bottom: `server`/`cli` -> `chat` -> `engine` -> `model` (one forward per
+//! architecture over the `backend` trait) -> `backend::{cpu, cuda}` -> generated kernels.
+//! Weights come from `gguf` / `safetensors` through `weights`, decoded by `quant`.
+
+pub mod model;
+pub mod ops;
+pub mod quant;
+pub mod tokenizer;
+pub mod backend;
+pub mod weights;
