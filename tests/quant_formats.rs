@@ -114,3 +114,27 @@ fn quant_formats_listing_hides_attached_scales() {
     // scales stay readable by their own names
     assert_eq!(c.tensor("blk.weight_scale_inv").unwrap().shape, vec![2, 2]);
 }
+
+#[test]
+fn quant_e4m3_encoder_matches_ml_dtypes() {
+    use fucina::weights::safetensors::SafetensorsFile;
+    let f = SafetensorsFile::open(&dir().join("e4m3_encode.safetensors")).unwrap();
+    let x = f.data(f.get("x").unwrap());
+    let code = f.data(f.get("code").unwrap());
+    assert_eq!(x.len(), code.len() * 4);
+    let mut bad = Vec::new();
+    for (i, c) in x.chunks_exact(4).zip(code) {
+        let v = f32::from_le_bytes([i[0], i[1], i[2], i[3]]);
+        let got = fucina::quant::f32_to_e4m3(v);
+        if got != *c {
+            bad.push((v, got, *c));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} of {} differ, e.g. {:?}",
+        bad.len(),
+        code.len(),
+        &bad[..bad.len().min(5)]
+    );
+}
