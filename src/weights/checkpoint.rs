@@ -122,6 +122,16 @@ impl Checkpoint {
         self.config.as_ref()
     }
 
+    /// `quantization_config.quant_method` from config.json ("fp8", "modelopt",
+    /// "compressed-tensors", ...). Informational: formats are decided per tensor.
+    pub fn quant_method(&self) -> Option<&str> {
+        self.config
+            .as_ref()?
+            .get("quantization_config")?
+            .get("quant_method")?
+            .as_str()
+    }
+
     /// The folder holding the weights (and the tokenizer files, if any).
     pub fn dir(&self) -> Option<&Path> {
         Some(&self.dir)
