@@ -5,12 +5,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 mod bpe;
+mod load;
 mod special;
 mod spm;
 mod stream;
 mod vocab;
 
 pub use bpe::{QWEN2_PATTERN, QWEN35_PATTERN};
+pub use load::load_for_checkpoint;
 pub use stream::StreamDecoder;
 pub use vocab::{GgufVocab, TokenType, END_OF_GENERATION_MARKERS};
 

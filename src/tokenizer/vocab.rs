@@ -2,6 +2,7 @@
 //! the GGUF reader, and its conversion into a `tokenizers::Tokenizer`.
 
 use super::{bpe, spm, SpecialTokens, TokenizerError};
+use crate::gguf::GgufFile;
 
 /// SentencePiece token types as GGUF stores them (`tokenizer.ggml.token_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,5 +152,72 @@ impl GgufVocab {
                 "tokenizer.ggml.model = {other:?} (supported: \"llama\" SentencePiece, \"gpt2\" BPE)"
             ))),
         }
+    }
+}
+
+fn string_array(g: &GgufFile, key: &str) -> Result<Option<Vec<String>>, TokenizerError> {
+    let Some(arr) = g.get_array(key) else {
+        return Ok(None);
+    };
+    arr.iter()
+        .map(|v| v.as_str().map(str::to_string))
+        .collect::<Option<Vec<_>>>()
+        .map(Some)
+        .ok_or_else(|| TokenizerError::Vocab(format!("{key} is not an array of strings")))
+}
+
+fn id(g: &GgufFile, key: &str) -> Result<Option<u32>, TokenizerError> {
+    match g.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| TokenizerError::Vocab(format!("{key} is not a token id: {v:?}"))),
+    }
+}
+
+impl GgufVocab {
+    /// Reads the `tokenizer.ggml.*` metadata of a GGUF file.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self, TokenizerError> {
+        let model = g
+            .get_str("tokenizer.ggml.model")
+            .ok_or_else(|| TokenizerError::Vocab("the GGUF has no tokenizer.ggml.model".into()))?;
+        let tokens = string_array(g, "tokenizer.ggml.tokens")?
+            .ok_or_else(|| TokenizerError::Vocab("the GGUF has no tokenizer.ggml.tokens".into()))?;
+        let scores = match g.get("tokenizer.ggml.scores") {
+            None => None,
+            Some(_) => Some(g.get_f32_array("tokenizer.ggml.scores").ok_or_else(|| {
+                TokenizerError::Vocab("tokenizer.ggml.scores is not numeric".into())
+            })?),
+        };
+        let token_types = match g.get_array("tokenizer.ggml.token_type") {
+            None => None,
+            Some(arr) => Some(
+                arr.iter()
+                    .map(|v| v.as_i64().map(TokenType::from_gguf))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        TokenizerError::Vocab("tokenizer.ggml.token_type is not integer".into())
+                    })?,
+            ),
+        };
+        Ok(Self {
+            model: model.to_string(),
+            pre: g.get_str("tokenizer.ggml.pre").map(str::to_string),
+            tokens,
+            scores,
+            token_types,
+            merges: string_array(g, "tokenizer.ggml.merges")?,
+            bos_id: id(g, "tokenizer.ggml.bos_token_id")?,
+            eos_id: id(g, "tokenizer.ggml.eos_token_id")?,
+            eot_id: id(g, "tokenizer.ggml.eot_token_id")?,
+            eom_id: id(g, "tokenizer.ggml.eom_token_id")?,
+            unk_id: id(g, "tokenizer.ggml.unknown_token_id")?,
+            pad_id: id(g, "tokenizer.ggml.padding_token_id")?,
+            add_bos: g.get_bool("tokenizer.ggml.add_bos_token"),
+            add_eos: g.get_bool("tokenizer.ggml.add_eos_token"),
+            add_space_prefix: g.get_bool("tokenizer.ggml.add_space_prefix"),
+        })
     }
 }
