@@ -6,6 +6,8 @@
 
 pub mod common;
 pub mod qwen;
+pub mod qwen3;
+pub mod qwen35;
 pub mod registry;
 
 use std::sync::Arc;
