@@ -470,6 +470,11 @@ add_case(
 # running a case
 
 
+def _round(rows: np.ndarray) -> list:
+    """float32 values as the shortest decimal that reads back to the same float32."""
+    return [[float(np.format_float_positional(np.float32(v), unique=True)) for v in r] for r in rows]
+
+
 def logits_of(model, ids: list[int]) -> np.ndarray:
     with torch.no_grad():
         out = model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
@@ -505,7 +510,7 @@ def run_case(case: Case, out_root: Path, seed: int) -> dict:
         g.write(d / "model.gguf")
     seqs = []
     for si, ids in enumerate(case.sequences):
-        entry = {"tokens": ids, "logits": logits_of(model, ids).tolist()}
+        entry = {"tokens": ids, "logits": _round(logits_of(model, ids))}
         if si in GREEDY_FROM:
             toks, gaps = greedy(model, ids, GREEDY_STEPS)
             entry["greedy"] = {"tokens": toks, "top2_gap": gaps}
@@ -534,7 +539,7 @@ def run_case(case: Case, out_root: Path, seed: int) -> dict:
         },
         "sequences": seqs,
     }
-    (d / "golden.json").write_text(json.dumps(golden, indent=1) + "\n")
+    (d / "golden.json").write_text(json.dumps(golden, separators=(",", ":")) + "\n")
     return {"case": case.name, "params": n_params, "files": files}
 
 
