@@ -9,4 +9,6 @@ pub mod ops;
 pub mod quant;
 pub mod tokenizer;
 pub mod backend;
+pub mod arch;
+pub mod gguf;
 pub mod weights;

@@ -4,6 +4,10 @@
 //! Architecture code (one file per family) lives beside this module; the engine, server and CLI
 //! depend only on the traits here.
 
+pub mod common;
+pub mod qwen;
+pub mod registry;
+
 use std::sync::Arc;
 
 /// Static facts about a loaded model the layers above need.

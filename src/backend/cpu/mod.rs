@@ -191,6 +191,14 @@ impl Backend for CpuBackend {
     }
 
     fn sigmoid_gate(&self, x: &CpuTensor, gate: &CpuTensor) -> Result<CpuTensor> {
+        if gate.cols == 1 && gate.rows == x.rows && x.cols != 1 {
+            let mut out = x.clone();
+            for (r, row) in out.data.chunks_exact_mut(x.cols.max(1)).enumerate() {
+                let s = ops::sigmoid(gate.data[r]);
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+            return Ok(out);
+        }
         map2("sigmoid_gate", x, gate, |v, g| v * ops::sigmoid(g))
     }
 
@@ -216,6 +224,20 @@ impl Backend for CpuBackend {
             rows: x.rows,
             cols: len,
             data,
+        })
+    }
+
+    fn slice_rows(&self, x: &CpuTensor, start: usize, len: usize) -> Result<CpuTensor> {
+        if start + len > x.rows {
+            return Err(shape_err(
+                "slice_rows",
+                format!("[{start}, {}) of {} rows", start + len, x.rows),
+            ));
+        }
+        Ok(CpuTensor {
+            rows: len,
+            cols: x.cols,
+            data: x.data[start * x.cols..(start + len) * x.cols].to_vec(),
         })
     }
 
@@ -428,6 +450,34 @@ impl Backend for CpuBackend {
         state: &mut CpuTensor,
     ) -> Result<CpuTensor> {
         gdn::causal_conv1d_silu(x, w, state)
+    }
+
+    fn gdn_gates(
+        &self,
+        a: &CpuTensor,
+        b: &CpuTensor,
+        neg_a: &CpuTensor,
+        dt_bias: &CpuTensor,
+    ) -> Result<(CpuTensor, CpuTensor)> {
+        same_shape("gdn_gates", a, b)?;
+        let nv = a.cols;
+        if neg_a.data.len() != nv || dt_bias.data.len() != nv {
+            return Err(shape_err(
+                "gdn_gates",
+                format!(
+                    "{nv} heads but A has {} and dt_bias {} values",
+                    neg_a.data.len(),
+                    dt_bias.data.len()
+                ),
+            ));
+        }
+        let mut g = a.clone();
+        for row in g.data.chunks_exact_mut(nv.max(1)) {
+            for (h, v) in row.iter_mut().enumerate() {
+                *v = neg_a.data[h] * ops::softplus(*v + dt_bias.data[h]);
+            }
+        }
+        Ok((g, map1(b, ops::sigmoid)))
     }
 
     fn gated_delta_rule(

@@ -166,6 +166,23 @@ fn elementwise_ops() {
     });
     each(b.sigmoid_gate(&a, &c).unwrap(), &|i| av[i] * sig(bv[i]));
     each(b.softcap(&a, 0.5).unwrap(), &|i| 0.5 * (av[i] / 0.5).tanh());
+    // one gate per row
+    let rowgate = b.tensor(&bv[..2], 2, 1).unwrap();
+    each(b.sigmoid_gate(&a, &rowgate).unwrap(), &|i| {
+        av[i] * sig(bv[i / 3])
+    });
+    // GDN gates with per-head A and dt_bias
+    let (na, dt) = (
+        b.tensor(&[-0.5, -2.0, -1.0], 1, 3).unwrap(),
+        b.tensor(&[0.1, 0.2, 0.3], 1, 3).unwrap(),
+    );
+    let (g, beta) = b.gdn_gates(&a, &c, &na, &dt).unwrap();
+    let sp = |v: f32| (1.0 + v.exp()).ln();
+    each(g, &|i| {
+        [-0.5, -2.0, -1.0][i % 3] * sp(av[i] + [0.1, 0.2, 0.3][i % 3])
+    });
+    each(beta, &|i| sig(bv[i]));
+    assert!(b.gdn_gates(&a, &c, &rowgate, &dt).is_err());
 }
 
 #[test]
@@ -175,6 +192,8 @@ fn column_shuffles() {
     let x = b.tensor(&xv, 2, 6).unwrap();
     let s = b.slice_cols(&x, 1, 3).unwrap();
     assert_eq!(s.data, vec![1.0, 2.0, 3.0, 7.0, 8.0, 9.0]);
+    assert_eq!(b.slice_rows(&x, 1, 1).unwrap().data, xv[6..].to_vec());
+    assert!(b.slice_rows(&x, 1, 2).is_err());
     let c = b.concat_cols(&[&s, &x]).unwrap();
     assert_eq!(c.cols, 9);
     assert_eq!(c.row(1), &[7.0, 8.0, 9.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]);
