@@ -5,6 +5,9 @@
 //! depend only on the traits here.
 
 pub mod common;
+pub mod gemma;
+pub mod gemma3;
+pub mod gemma4;
 pub mod qwen;
 pub mod registry;
 
