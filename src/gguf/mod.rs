@@ -10,7 +10,7 @@ pub mod value;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-pub use reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS};
+pub use reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_METADATA_VALUES};
 pub use value::{GgufValue, GgufValueType};
 
 use crate::quant::GgmlType;
@@ -51,6 +51,8 @@ pub enum GgufError {
     BadBool { key: String, offset: u64, byte: u8 },
     #[error("metadata {key}: arrays nested deeper than {max}")]
     ArrayTooDeep { key: String, max: usize },
+    #[error("more than {max} metadata values")]
+    TooManyValues { max: u64 },
     #[error("metadata key {0} appears twice")]
     DuplicateKey(String),
     #[error("general.alignment {0} is not a power of two up to 2^30")]

@@ -18,6 +18,9 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_DIMS: u32 = 4;
 /// Deepest array-of-array nesting accepted in metadata.
 pub const MAX_ARRAY_DEPTH: usize = 8;
+/// Most metadata values (array elements included) accepted in one file: real files hold a few
+/// million at most (vocabularies, merges); the cap bounds memory to ~512 MiB for hostile ones.
+pub const MAX_METADATA_VALUES: u64 = 1 << 24;
 /// Largest accepted `general.alignment` (1 GiB).
 const MAX_ALIGNMENT: u64 = 1 << 30;
 
@@ -34,6 +37,8 @@ pub struct Parsed {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// metadata values read so far
+    values: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -101,6 +106,12 @@ impl<'a> Cursor<'a> {
         depth: usize,
     ) -> Result<GgufValue, GgufError> {
         use GgufValueType as T;
+        self.values += 1;
+        if self.values > MAX_METADATA_VALUES {
+            return Err(GgufError::TooManyValues {
+                max: MAX_METADATA_VALUES,
+            });
+        }
         Ok(match ty {
             T::U8 => GgufValue::U8(self.arr::<1>("u8 value")?[0]),
             T::I8 => GgufValue::I8(self.arr::<1>("i8 value")?[0] as i8),
@@ -136,6 +147,11 @@ impl<'a> Cursor<'a> {
                 }
                 let et = self.value_type(key)?;
                 let n = self.count(et.min_size(), "array length")?;
+                if self.values.saturating_add(n) > MAX_METADATA_VALUES {
+                    return Err(GgufError::TooManyValues {
+                        max: MAX_METADATA_VALUES,
+                    });
+                }
                 let mut items = Vec::with_capacity(n as usize);
                 for _ in 0..n {
                     items.push(self.value(key, et, depth + 1)?);
@@ -158,7 +174,11 @@ impl<'a> Cursor<'a> {
 
 /// Parse the header of a GGUF file held in `buf` and validate every tensor's data range.
 pub fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
-    let mut c = Cursor { buf, pos: 0 };
+    let mut c = Cursor {
+        buf,
+        pos: 0,
+        values: 0,
+    };
     let magic = c.u32("magic")?;
     if magic != GGUF_MAGIC {
         return Err(GgufError::BadMagic(magic.to_le_bytes()));

@@ -9,6 +9,8 @@ pub mod gemma;
 pub mod gemma3;
 pub mod gemma4;
 pub mod qwen;
+pub mod qwen3;
+pub mod qwen35;
 pub mod registry;
 
 use std::sync::Arc;

@@ -17,6 +17,8 @@ pub struct Writer {
     pub alignment: u64,
     pub kv: Vec<(String, GgufValue)>,
     pub tensors: Vec<Tensor>,
+    /// Replace the computed data offsets (hostile-file tests).
+    pub offsets: Option<Vec<u64>>,
 }
 
 fn type_id(v: &GgufValue) -> u32 {
@@ -61,6 +63,7 @@ impl Writer {
             alignment: 32,
             kv: Vec::new(),
             tensors: Vec::new(),
+            offsets: None,
         }
     }
 
@@ -97,14 +100,19 @@ impl Writer {
             out.extend(type_id(v).to_le_bytes());
             put_value(&mut out, v);
         }
-        let al = self.alignment;
+        let al = if self.alignment.is_power_of_two() && self.alignment < (1 << 31) {
+            self.alignment
+        } else {
+            32
+        };
         let mut off = 0u64;
         let mut offsets = Vec::new();
         for t in &self.tensors {
             offsets.push(off);
             off = (off + t.data.len() as u64).next_multiple_of(al);
         }
-        for (t, o) in self.tensors.iter().zip(&offsets) {
+        let header_offsets = self.offsets.clone().unwrap_or_else(|| offsets.clone());
+        for (t, o) in self.tensors.iter().zip(&header_offsets) {
             put_str(&mut out, &t.name);
             out.extend((t.ne.len() as u32).to_le_bytes());
             for d in &t.ne {

@@ -91,6 +91,11 @@ impl QwenConfig {
         let n_heads = c.usize("num_attention_heads")?;
         let n_kv_heads = c.opt_usize("num_key_value_heads").unwrap_or(n_heads);
         let head_dim = c.opt_usize("head_dim").unwrap_or(hidden / n_heads.max(1));
+        if c.opt_bool("use_sliding_window") == Some(true) {
+            return Err(bad(
+                "use_sliding_window = true is not supported for Qwen3 models".into(),
+            ));
+        }
         if c.opt_bool("attention_bias") == Some(true) {
             return Err(bad(
                 "attention_bias = true is not supported for Qwen3 models".into(),
@@ -134,10 +139,14 @@ impl QwenConfig {
         };
         let moe = if variant.moe() {
             Some(MoeDims {
-                n_experts: c.usize("num_experts")?,
+                n_experts: c
+                    .opt_usize("num_experts")
+                    .or(c.opt_usize("num_local_experts"))
+                    .ok_or_else(|| bad("config value `num_experts` is missing".into()))?,
                 top_k: c.usize("num_experts_per_tok")?,
                 ff: c.usize("moe_intermediate_size")?,
-                norm_topk: c.opt_bool("norm_topk_prob").unwrap_or(true),
+                // HF Qwen3-MoE defaults to false; Qwen3.5-MoE always renormalises.
+                norm_topk: variant.hybrid() || c.opt_bool("norm_topk_prob").unwrap_or(false),
                 shared_ff: if variant.hybrid() {
                     Some(c.usize("shared_expert_intermediate_size")?)
                 } else {

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod gdn;
+pub mod load;
 pub mod model;
 pub mod names;
 
