@@ -8,6 +8,7 @@
 //! - Ops return new tensors; the CPU backend allocates, a GPU backend draws from a pool.
 //! - Every fallible op returns `BackendError`; shape mismatches are errors, not panics.
 
+pub mod cpu;
 pub mod error;
 pub use error::BackendError;
 
@@ -124,11 +125,14 @@ pub trait Backend: Send + Sync + 'static {
     fn scale(&self, a: &Self::Tensor, s: f32) -> Result<Self::Tensor>;
     /// act(gate) * up.
     fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
-    /// x * sigmoid(gate).
+    /// x * sigmoid(gate); `gate` may also be `[n, 1]` (one gate per row, broadcast over columns,
+    /// as in Qwen3.5's shared-expert gate).
     fn sigmoid_gate(&self, x: &Self::Tensor, gate: &Self::Tensor) -> Result<Self::Tensor>;
     fn softcap(&self, x: &Self::Tensor, cap: f32) -> Result<Self::Tensor>;
     /// Columns `[start, start + len)` of every row.
     fn slice_cols(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor>;
+    /// Rows `[start, start + len)` (e.g. the last position before the LM head).
+    fn slice_rows(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor>;
     /// Concatenate along columns.
     fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
     /// Split every head of `x` (`n_heads` groups of `sum(sizes)` columns) into one tensor per
@@ -177,6 +181,16 @@ pub trait Backend: Send + Sync + 'static {
     /// `k-1` inputs `[k-1, channels]` and is updated. `w` is `[channels, k]`.
     fn causal_conv1d_silu(&self, x: &Self::Tensor, w: &Self::Weight, state: &mut Self::Tensor)
         -> Result<Self::Tensor>;
+    /// Gated DeltaNet gates: `g = neg_a * softplus(a + dt_bias)` and `beta = sigmoid(b)`, where
+    /// `a`, `b` are `[n, n_v]` and `neg_a` (= -exp(A_log)), `dt_bias` are `[1, n_v]`.
+    /// Returns `(g, beta)`.
+    fn gdn_gates(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        neg_a: &Self::Tensor,
+        dt_bias: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor)>;
     /// The gated delta rule, token by token. Per value head h (with key head kh(h)):
     /// S <- exp(g) S; delta = beta (v - S^T k); S <- S + k delta^T; o = S^T q.
     /// q, k: `[n, n_v_heads*dk]` (already expanded to value heads, normalised, q scaled);

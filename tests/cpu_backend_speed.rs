@@ -1,0 +1,74 @@
+//! Decode-shaped matmul speed of the CPU backend (ignored by default; run with
+//! `cargo test --release --test cpu_backend_speed -- --ignored --nocapture`).
+//! Shapes: Gemma 3 270M's tied LM head (262144 x 640) and one layer's projections.
+
+use std::time::Instant;
+
+use fucina::backend::cpu::CpuBackend;
+use fucina::backend::Backend;
+use fucina::quant::GgmlType;
+use fucina::weights::{Scales, TensorFormat, TensorRef};
+
+fn random_blocks(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let n = ty.row_bytes(cols).unwrap() * rows;
+    let mut s = 0x1234_5678_u64;
+    let mut v: Vec<u8> = (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 56) as u8
+        })
+        .collect();
+    // keep f16 scales finite and small: overwrite each block's scale bytes
+    let (_, bb) = ty.block();
+    let small = half::f16::from_f32(0.01).to_bits().to_le_bytes();
+    for b in v.chunks_exact_mut(bb) {
+        match ty {
+            GgmlType::Q6K => b[208..210].copy_from_slice(&small),
+            GgmlType::Q4K => {
+                b[0..2].copy_from_slice(&small);
+                b[2..4].copy_from_slice(&small);
+            }
+            _ => b[0..2].copy_from_slice(&small),
+        }
+    }
+    v
+}
+
+#[test]
+#[ignore]
+fn decode_matmul_speed() {
+    let be = CpuBackend::new();
+    for (ty, rows, cols, label) in [
+        // 640 columns is not a multiple of 256: K-quants only fit the 2048-wide ffn_down.
+        (GgmlType::Q8_0, 262144, 640, "lm head Q8_0"),
+        (GgmlType::Q4_0, 2048, 640, "ffn gate Q4_0"),
+        (GgmlType::Q5_0, 2048, 640, "ffn gate Q5_0"),
+        (GgmlType::Q4K, 640, 2048, "ffn down Q4_K"),
+        (GgmlType::Q6K, 640, 2048, "ffn down Q6_K"),
+    ] {
+        let data = random_blocks(ty, rows, cols);
+        let t = TensorRef {
+            name: label.into(),
+            shape: vec![rows, cols],
+            format: TensorFormat::Ggml(ty),
+            data: &data,
+            scales: Scales::default(),
+        };
+        let w = be.upload(&t).unwrap();
+        let x = be.tensor(&vec![0.5f32; cols], 1, cols).unwrap();
+        let _ = be.linear(&x, &w).unwrap();
+        let reps = if rows > 100_000 { 3 } else { 200 };
+        let t0 = Instant::now();
+        for _ in 0..reps {
+            let _ = be.linear(&x, &w).unwrap();
+        }
+        let dt = t0.elapsed().as_secs_f64() / reps as f64;
+        eprintln!(
+            "{label:>16}: {:.2} ms/call, {:.2} ns/weight",
+            dt * 1e3,
+            dt * 1e9 / (rows * cols) as f64
+        );
+    }
+}
