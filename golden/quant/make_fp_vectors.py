@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference vectors for the safetensors low-precision formats, from numpy + ml_dtypes codecs.
 
-    pip install numpy ml_dtypes
+    pip install numpy ml_dtypes   # committed files were made with numpy 2.4.6, ml_dtypes 0.6.0
     python3 golden/quant/make_fp_vectors.py     # writes golden/quant/fp/*
 
 fp/model.safetensors (+ fp/config.json with quantization_config.weight_block_size) holds, as real
