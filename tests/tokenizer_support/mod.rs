@@ -113,7 +113,7 @@ pub fn agreement(
         }
     }
     eprintln!(
-        "{name}: {agree}/{} cases agree with HF tokenizers ({reference})",
+        "{name}: {agree}/{} cases agree with reference.json \"{reference}\"",
         r.cases.len()
     );
     (agree, bad)
