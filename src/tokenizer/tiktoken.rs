@@ -105,7 +105,7 @@ pub fn parse_ranks(text: &str) -> Result<Vec<Vec<u8>>, TokenizerError> {
         };
         let bytes = base64_decode(tok).ok_or_else(|| bad(n + 1, "bad base64"))?;
         let rank: usize = rank.parse().map_err(|_| bad(n + 1, "bad rank"))?;
-        if rank > 10_000_000 {
+        if rank >= 1 << 22 {
             return Err(bad(n + 1, "rank out of range"));
         }
         if by_rank.len() <= rank {
