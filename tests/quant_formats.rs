@@ -80,6 +80,7 @@ fn quant_formats_bit_exact_vs_ml_dtypes() {
         );
         assert!(got.iter().any(|v| *v != 0.0), "{name}: all zero");
     }
+    assert_eq!(c.quant_method(), Some("fp8"));
     // the NVFP4 global multipliers: ModelOpt stores it, compressed-tensors stores its reciprocal
     let mo = c.tensor("mo_nvfp4.weight").unwrap();
     let ct = c.tensor("ct_nvfp4.weight").unwrap();
@@ -113,4 +114,28 @@ fn quant_formats_listing_hides_attached_scales() {
     );
     // scales stay readable by their own names
     assert_eq!(c.tensor("blk.weight_scale_inv").unwrap().shape, vec![2, 2]);
+}
+
+#[test]
+fn quant_e4m3_encoder_matches_ml_dtypes() {
+    use fucina::weights::safetensors::SafetensorsFile;
+    let f = SafetensorsFile::open(&dir().join("e4m3_encode.safetensors")).unwrap();
+    let x = f.data(f.get("x").unwrap());
+    let code = f.data(f.get("code").unwrap());
+    assert_eq!(x.len(), code.len() * 4);
+    let mut bad = Vec::new();
+    for (i, c) in x.chunks_exact(4).zip(code) {
+        let v = f32::from_le_bytes([i[0], i[1], i[2], i[3]]);
+        let got = fucina::quant::f32_to_e4m3(v);
+        if got != *c {
+            bad.push((v, got, *c));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} of {} differ, e.g. {:?}",
+        bad.len(),
+        code.len(),
+        &bad[..bad.len().min(5)]
+    );
 }

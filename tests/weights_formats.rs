@@ -104,3 +104,86 @@ fn weights_formats_block_size_from_config_and_shapes() {
         }
     );
 }
+
+/// Rewrite the header of a safetensors image with `edit` applied to one entry.
+fn with_entry(bytes: &[u8], name: &str, edit: &dyn Fn(&mut serde_json::Value)) -> Vec<u8> {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut h: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(&mut h[name]);
+    let mut hb = serde_json::to_vec(&h).unwrap();
+    while hb.len() % 8 != 0 {
+        hb.push(b' ');
+    }
+    let mut out = (hb.len() as u64).to_le_bytes().to_vec();
+    out.extend(hb);
+    out.extend(&bytes[8 + n..]);
+    out
+}
+
+/// Header edits that keep every byte range valid but lie about dtypes and shapes (same byte
+/// size): opening and dequantising every tensor must give values or typed errors, never panic.
+#[test]
+fn weights_formats_lying_headers_never_panic() {
+    let golden = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/quant/fp");
+    let bytes = std::fs::read(golden.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let same_size = |d: &str| -> Vec<&'static str> {
+        match d {
+            "F8_E4M3" | "U8" | "I8" => vec!["F8_E4M3", "U8", "I8", "BOOL", "F8_E5M2"],
+            "F32" | "I32" | "U32" => vec!["F32", "I32", "U32"],
+            "BF16" | "F16" | "I16" => vec!["BF16", "F16", "I16"],
+            _ => vec![],
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(golden.join("config.json"), dir.path().join("config.json")).unwrap();
+    let mut variants = 0;
+    let mut errors = 0;
+    for (name, entry) in header.as_object().unwrap() {
+        if name == "__metadata__" {
+            continue;
+        }
+        let shape: Vec<u64> = entry["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        let numel: u64 = shape.iter().product();
+        let mut edits: Vec<Box<dyn Fn(&mut serde_json::Value)>> = Vec::new();
+        for d in same_size(entry["dtype"].as_str().unwrap()) {
+            edits.push(Box::new(move |e| e["dtype"] = d.into()));
+        }
+        let mut rev = shape.clone();
+        rev.reverse();
+        for s in [vec![numel], vec![1, numel], vec![numel, 1], rev, vec![]] {
+            if s.iter().product::<u64>() == numel {
+                edits.push(Box::new(move |e| e["shape"] = serde_json::json!(s)));
+            }
+        }
+        for edit in &edits {
+            std::fs::write(
+                dir.path().join("model.safetensors"),
+                with_entry(&bytes, name, edit.as_ref()),
+            )
+            .unwrap();
+            let c = Checkpoint::open(dir.path()).unwrap();
+            for t in c.tensor_names() {
+                match c.tensor(t) {
+                    Ok(r) => {
+                        if r.to_f32().is_err() {
+                            errors += 1;
+                        }
+                    }
+                    Err(_) => errors += 1,
+                }
+            }
+            variants += 1;
+        }
+    }
+    assert!(
+        variants > 60 && errors > 10,
+        "{variants} variants, {errors} errors"
+    );
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference vectors for the safetensors low-precision formats, from numpy + ml_dtypes codecs.
 
-    pip install numpy ml_dtypes
+    pip install numpy ml_dtypes   # committed files were made with numpy 2.4.6, ml_dtypes 0.6.0
     python3 golden/quant/make_fp_vectors.py     # writes golden/quant/fp/*
 
 fp/model.safetensors (+ fp/config.json with quantization_config.weight_block_size) holds, as real
@@ -15,6 +15,9 @@ checkpoints name them:
   ct_fp8.weight         F8_E4M3 [40, 24] + weight_scale BF16 [40, 1]       (compressed-tensors per row)
   raw8.weight           F8_E4M3 [8, 16], no scale
   norm.weight           BF16 [24]
+fp/e4m3_encode.safetensors: `x` F32 [N] (random magnitudes over every binade up to 460, exact
+ties, subnormals, zeros) and `code` U8 [N] = ml_dtypes' round-to-nearest-even float8_e4m3fn
+encoding of x, the oracle for fucina's f32 -> E4M3 encoder (used for FP8 KV caches).
 fp/expected.safetensors: the same logical names (`X.weight`), F32, dequantised here with
 ml_dtypes' float8_e4m3fn / float4_e2m1fn / bfloat16 codecs and float32 products in the order
 value * block_scale (* global), which tests/quant_formats.rs compares bit for bit.
@@ -136,6 +139,14 @@ def main():
     v = f32(rng.normal(size=24)).astype(BF16)
     model["norm.weight"] = ("BF16", v.shape, v.tobytes())
     exp("norm.weight", v.astype(np.float32))
+
+    # f32 -> E4M3 encoding (below 464, where ml_dtypes rounds to 448 rather than NaN)
+    mags = np.exp2(rng.uniform(-12, np.log2(460), size=3000))
+    grid = np.arange(0, 0x7E, dtype=np.uint8).view(F8).astype(np.float32)
+    ties = (grid[:-1] + grid[1:]) / 2  # exact midpoints between neighbours
+    x = np.concatenate([mags, -mags[:500], ties, -ties, grid, [0.0, -0.0, 2.0**-10, 2.0**-11, 459.0]]).astype(np.float32)
+    code = x.astype(F8).view(np.uint8)
+    save(os.path.join(OUT, "e4m3_encode.safetensors"), {"x": ("F32", x.shape, x.tobytes()), "code": ("U8", code.shape, code.tobytes())})
 
     save(os.path.join(OUT, "model.safetensors"), model)
     save(os.path.join(OUT, "expected.safetensors"), expected)

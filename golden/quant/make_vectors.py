@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference vectors for GGML block dequantisation, made with the `gguf` Python package.
 
-    pip install gguf==0.19.0 numpy
+    pip install gguf==0.19.0 numpy        # committed files were made with numpy 2.4.6
     python3 golden/quant/make_vectors.py        # writes golden/quant/{blocks,expected}.gguf
 
 blocks.gguf   one tensor per type (F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K) holding
