@@ -35,12 +35,14 @@ fn pre_tokenizer(pre: &str) -> Result<(PreTokenizerWrapper, bool), TokenizerErro
     match pre {
         "qwen2" => Ok((split(QWEN2_PATTERN)?, true)),
         "qwen35" => Ok((split(QWEN35_PATTERN)?, true)),
-        "default" | "gpt-2" | "gpt2" => Ok((
+        // GPT-2's own regex inside ByteLevel. llama.cpp's "default" (several successive
+        // splits) is not this, and is refused rather than approximated.
+        "gpt-2" => Ok((
             tokenizers::pre_tokenizers::byte_level::ByteLevel::new(false, false, true).into(),
             false,
         )),
         other => Err(TokenizerError::Unsupported(format!(
-            "tokenizer.ggml.pre = {other:?} (supported: \"qwen2\", \"qwen35\", \"default\", \"gpt-2\")"
+            "tokenizer.ggml.pre = {other:?} (supported: \"qwen2\", \"qwen35\", \"gpt-2\")"
         ))),
     }
 }
@@ -66,7 +68,10 @@ pub(crate) fn build(v: &GgufVocab) -> Result<tokenizers::Tokenizer, TokenizerErr
         .map_err(err)?;
     let mut tok = tokenizers::Tokenizer::new(model);
 
-    let (pre, nfc) = pre_tokenizer(v.pre.as_deref().unwrap_or("default"))?;
+    let pre_name = v.pre.as_deref().ok_or_else(|| {
+        TokenizerError::Unsupported("gpt2 vocabulary without tokenizer.ggml.pre".into())
+    })?;
+    let (pre, nfc) = pre_tokenizer(pre_name)?;
     if nfc {
         tok.with_normalizer(Some(NFC));
     }

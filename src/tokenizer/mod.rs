@@ -9,11 +9,13 @@ mod load;
 mod special;
 mod spm;
 mod stream;
+mod tiktoken;
 mod vocab;
 
 pub use bpe::{QWEN2_PATTERN, QWEN35_PATTERN};
 pub use load::load_for_checkpoint;
 pub use stream::StreamDecoder;
+pub use tiktoken::QWEN35_SPECIAL_TOKENS;
 pub use vocab::{GgufVocab, TokenType, END_OF_GENERATION_MARKERS};
 
 #[derive(Debug, thiserror::Error)]
