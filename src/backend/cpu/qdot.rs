@@ -173,8 +173,8 @@ pub fn unpack_row(ty: GgmlType, row: &[u8], u: &mut Unpacked) {
                             (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32) as i8;
                     }
                 }
-                for s in 0..16 {
-                    u.ws[g0 + s] = d * sc[s] as i8 as f32;
+                for (s, &scale) in sc.iter().enumerate() {
+                    u.ws[g0 + s] = d * scale as i8 as f32;
                     u.wm[g0 + s] = 0.0;
                 }
             }

@@ -130,3 +130,99 @@ pub fn expert_bank(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::GgmlType;
+    use std::collections::HashMap;
+
+    struct Map(HashMap<String, (Vec<usize>, Vec<u8>)>);
+    impl WeightSource for Map {
+        fn tensor(&self, name: &str) -> Result<TensorRef<'_>, ModelError> {
+            let (shape, data) = self
+                .0
+                .get(name)
+                .ok_or_else(|| ModelError::Other(format!("{name} missing")))?;
+            Ok(TensorRef {
+                name: name.into(),
+                shape: shape.clone(),
+                format: TensorFormat::Ggml(GgmlType::F32),
+                data,
+                scales: Default::default(),
+            })
+        }
+        fn has(&self, name: &str) -> bool {
+            self.0.contains_key(name)
+        }
+    }
+
+    fn f32s(t: &OwnedTensor) -> Vec<f32> {
+        t.data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+    fn bytes(v: impl Iterator<Item = f32>) -> Vec<u8> {
+        v.flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn banks_from_per_expert_and_fused_tensors() {
+        // 2 experts, each [3, 2]; value = 100 e + 10 row + col
+        let mut m = HashMap::new();
+        for e in 0..2 {
+            let v = (0..3).flat_map(|r| (0..2).map(move |c| (100 * e + 10 * r + c) as f32));
+            m.insert(format!("e{e}"), (vec![3, 2], bytes(v)));
+        }
+        // fused [2, 6, 2]: rows 0..3 "gate", rows 3..6 "up"
+        let v = (0..2).flat_map(|e| {
+            (0..6).flat_map(move |r| (0..2).map(move |c| (100 * e + 10 * r + c) as f32))
+        });
+        m.insert("fused".into(), (vec![2, 6, 2], bytes(v)));
+        let src = Map(m);
+        let b = expert_bank(
+            &src,
+            BankSource::PerExpert(vec!["e0".into(), "e1".into()]),
+            "bank",
+        )
+        .unwrap();
+        assert_eq!(b.shape, vec![2, 3, 2]);
+        assert_eq!(
+            f32s(&b),
+            vec![0., 1., 10., 11., 20., 21., 100., 101., 110., 111., 120., 121.]
+        );
+        let up = expert_bank(
+            &src,
+            BankSource::Fused {
+                name: "fused",
+                row0: 3,
+                rows: 3,
+            },
+            "up",
+        )
+        .unwrap();
+        assert_eq!(up.shape, vec![2, 3, 2]);
+        assert_eq!(
+            f32s(&up),
+            vec![30., 31., 40., 41., 50., 51., 130., 131., 140., 141., 150., 151.]
+        );
+        assert!(expert_bank(
+            &src,
+            BankSource::Fused {
+                name: "fused",
+                row0: 4,
+                rows: 3
+            },
+            "x"
+        )
+        .is_err());
+        assert!(expert_bank(
+            &src,
+            BankSource::PerExpert(vec!["e0".into(), "nope".into()]),
+            "x"
+        )
+        .is_err());
+        assert!(expert_bank(&src, BankSource::PerExpert(vec![]), "x").is_err());
+    }
+}

@@ -205,8 +205,8 @@ impl<B: Backend> QwenModel<B> {
             if l.src.has(name) {
                 return l.w(name);
             }
-            let src = if let Some(first) = l.names.hf_expert(i, 0, proj).filter(|n| l.src.has(n)) {
-                let _ = first;
+            let per_expert = l.names.hf_expert(i, 0, proj).is_some_and(|n| l.src.has(&n));
+            let src = if per_expert {
                 BankSource::PerExpert(
                     (0..m.n_experts)
                         .filter_map(|e| l.names.hf_expert(i, e, proj))
