@@ -89,3 +89,44 @@ fn decode_matmul_speed() {
         }
     }
 }
+
+/// One decode step's matrix products for a real GGUF (every 2-D weight once, the embedding table
+/// as the tied LM head): `FUCINA_SPEED_GGUF=<file> cargo test --release --test cpu_backend_speed
+/// -- --ignored gguf --nocapture`. Prints wall and CPU time (the machine may be shared).
+#[test]
+#[ignore]
+fn gguf_decode_matmuls() {
+    let path = std::env::var("FUCINA_SPEED_GGUF").expect("set FUCINA_SPEED_GGUF to a .gguf file");
+    let g = fucina::gguf::GgufFile::open(std::path::Path::new(&path)).unwrap();
+    let be = CpuBackend::new();
+    let mut weights = Vec::new();
+    let mut types = std::collections::BTreeMap::new();
+    for info in g.tensor_infos() {
+        let t = g.tensor(&info.name).unwrap();
+        if t.shape.len() != 2 || t.rows() < 2 {
+            continue;
+        }
+        if let TensorFormat::Ggml(ty) = t.format {
+            *types.entry(ty.name()).or_insert(0usize) += t.numel();
+        }
+        weights.push((t.numel(), be.upload(&t).unwrap()));
+    }
+    eprintln!("weights per type: {types:?}");
+    let total: usize = weights.iter().map(|w| w.0).sum();
+    for _ in 0..2 {
+        let (t0, c0) = (Instant::now(), cpu_seconds());
+        for (_, w) in &weights {
+            let x = be.tensor(&vec![0.1f32; w.cols()], 1, w.cols()).unwrap();
+            let _ = be.linear(&x, w).unwrap();
+        }
+        let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+        eprintln!(
+            "{total} weights: wall {:.1} ms ({:.1} tok/s), cpu {:.1} ms ({:.2} ns/weight; {:.1} tok/s on 2 idle cores)",
+            wall * 1e3,
+            1.0 / wall,
+            cpu * 1e3,
+            cpu * 1e9 / total as f64,
+            2.0 / cpu
+        );
+    }
+}
