@@ -34,7 +34,7 @@ impl GgufKeys<'_> {
     }
     /// A per-layer value stored either as a scalar or as an array (the largest entry: llama.cpp
     /// writes 0 KV heads for recurrent layers in hybrid models).
-    pub fn usize_or_first(&self, k: &str) -> Result<usize, ModelError> {
+    pub fn usize_per_layer_max(&self, k: &str) -> Result<usize, ModelError> {
         if let Some(v) = self.opt_usize(k) {
             return Ok(v);
         }
