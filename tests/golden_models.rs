@@ -192,7 +192,7 @@ fn check_form(case: &Case, model: &Arc<dyn CausalLm>, form: &str) -> Result<f64,
 
 #[test]
 fn golden_cases_match_hf() {
-    let all = cases();
+    let all = causal_lm_cases();
     assert!(
         !all.is_empty(),
         "no golden cases under {}",
