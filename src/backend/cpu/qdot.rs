@@ -202,6 +202,7 @@ pub fn dot_row(u: &Unpacked, x: &QuantRows, t: usize) -> f32 {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
 

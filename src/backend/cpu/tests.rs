@@ -1,4 +1,5 @@
 //! Every CPU op against a direct computation written independently here.
+#![allow(clippy::needless_range_loop)] // direct index loops are the point of a reference
 
 use super::*;
 use crate::backend::{Activation, AttnParams, KvShape, MoeParams, Norm, Rope};
