@@ -49,8 +49,8 @@ impl CpuTensor {
 /// `new()` dequantises every weight row to f32 and stays in f32 throughout (the reference).
 /// `int8()` instead multiplies GGML block-quantised weights (Q4_0 .. Q6_K) against activations
 /// quantised to int8 per 32 values, the numerics of llama.cpp and of the GPU dp4a kernels, for
-/// comparisons with such kernels. Both are identical for F32/F16/BF16 weights. (Measured on an
-/// AVX2 machine the two run at the same speed, so the reference is the default.)
+/// comparisons with such kernels. Both are identical for F32/F16/BF16 weights. (The two run at
+/// the same speed on the CPUs measured, so the reference is the default.)
 #[derive(Debug, Clone, Copy)]
 pub struct CpuBackend {
     int8_activations: bool,
