@@ -263,7 +263,17 @@ impl<B: Backend> QwenModel<B> {
         } else {
             a.iter().map(|v| -v.exp()).collect()
         };
-        let dt = l.vec(&l.names.layer(i, Role::GdnDtBias))?;
+        // llama.cpp names it `ssm_dt.bias`; some converters wrote `ssm_dt.weight` or `ssm_dt`.
+        let dt_name = l.names.layer(i, Role::GdnDtBias);
+        let dt_name = if gguf && !l.src.has(&dt_name) {
+            [format!("blk.{i}.ssm_dt.weight"), format!("blk.{i}.ssm_dt")]
+                .into_iter()
+                .find(|n| l.src.has(n))
+                .unwrap_or(dt_name)
+        } else {
+            dt_name
+        };
+        let dt = l.vec(&dt_name)?;
         if neg_a.len() != nv || dt.len() != nv {
             return Err(ModelError::Other(format!(
                 "layer {i}: A / dt_bias have {} / {} values for {nv} heads",
