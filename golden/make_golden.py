@@ -11,8 +11,12 @@ Every parameter is randomised (norm weights, A_log, dt_bias, conv, routers ...) 
 `w` vs `1 + w` mistake or a wrong head order changes the logits. The reference is HF
 transformers run on the CPU in float32 with eager attention.
 
-Run where torch and transformers (5.17) are installed, plus the `gguf` package:
+Run where torch and transformers (5.17) are installed, plus the `gguf` package (the committed
+files were made on a CPU with torch 2.11.0, transformers 5.17.0, gguf 0.19.0, from PyPI:
+`python -m venv /tmp/tenv && /tmp/tenv/bin/pip install torch==2.11.0 transformers==5.17.0
+gguf==0.19.0`); the output is deterministic for a given seed:
     python golden/make_golden.py --out /tmp/golden [--only qwen3,qwen35]
+    cp -r /tmp/golden/models/<case> golden/models/
 Other families add cases in golden/gemma_cases.py, which defines `register(mg)`; `mg` is this
 module, so it can use `Case`, `randomize`, `GgufOut` and `add_case`.
 """
