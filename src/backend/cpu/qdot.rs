@@ -1,7 +1,7 @@
 //! Fast path of `linear` for GGML block weights: the activation rows are quantised to int8 per
 //! 32 values (a scale per block, as llama.cpp's Q8 activations) and every weight row is unpacked
 //! once to int8 with a scale and an offset per 16 values, so the inner loop is an integer dot
-//! product. Used by `CpuBackend::new()`; `CpuBackend::reference()` keeps the all-f32 path.
+//! product. Used by `CpuBackend::int8()`; `CpuBackend::new()` keeps the all-f32 path.
 //!
 //! A weight value is `ws[g] * q + wm[g]` for the 16-value group `g` it belongs to (the offset is
 //! non-zero for Q4_1 / Q5_1 / Q4_K / Q5_K mins), so a group's contribution to a dot product is
@@ -173,8 +173,8 @@ pub fn unpack_row(ty: GgmlType, row: &[u8], u: &mut Unpacked) {
                             (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32) as i8;
                     }
                 }
-                for s in 0..16 {
-                    u.ws[g0 + s] = d * sc[s] as i8 as f32;
+                for (s, &scale) in sc.iter().enumerate() {
+                    u.ws[g0 + s] = d * scale as i8 as f32;
                     u.wm[g0 + s] = 0.0;
                 }
             }
@@ -202,6 +202,7 @@ pub fn dot_row(u: &Unpacked, x: &QuantRows, t: usize) -> f32 {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
 
