@@ -9,4 +9,5 @@ pub mod ops;
 pub mod quant;
 pub mod tokenizer;
 pub mod backend;
+pub mod kernels;
 pub mod weights;
