@@ -9,6 +9,7 @@ pub mod emit_rust;
 pub mod key;
 pub mod legal;
 pub mod manifest;
+pub mod ptx;
 pub mod render;
 
 use std::path::{Path, PathBuf};
