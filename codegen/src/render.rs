@@ -10,6 +10,7 @@
 //! | `sm` | int | `90` (80, 89, 90, 120, 121) |
 //! | `has_fp8_mma`, `has_wgmma`, `has_fp4_mma` | bool | arch family switches |
 //! | `params` | map | the entry's `params` table, e.g. `params.threads` |
+//! | each param | any | also top-level: `threads` == `params.threads` (may not shadow the above) |
 //! | `template` | string | `ops/rmsnorm.cu.tera` |
 //!
 //! Lib macros live in `kernel-templates/lib/*.tera` and are imported at the top of an op
@@ -34,6 +35,8 @@ pub enum RenderError {
     Load(String),
     #[error("instance {name}: template {template} does not exist under kernel-templates/")]
     MissingTemplate { name: String, template: String },
+    #[error("instance {name}: param `{param}` shadows a key variable of the same name")]
+    ReservedParam { name: String, param: String },
     #[error("instance {name}: rendering {template} failed: {detail}")]
     Render {
         name: String,
@@ -41,6 +44,22 @@ pub enum RenderError {
         detail: String,
     },
 }
+
+/// Variables every template gets from the key; manifest params may not reuse these names.
+pub const RESERVED: &[&str] = &[
+    "entry",
+    "op",
+    "quant",
+    "arch",
+    "head_dim",
+    "batch",
+    "sm",
+    "has_fp8_mma",
+    "has_wgmma",
+    "has_fp4_mma",
+    "params",
+    "template",
+];
 
 /// Every `*.tera` file under `dir`, as (`/`-separated relative path, contents), sorted.
 pub fn read_templates(dir: &Path) -> Result<Vec<(String, String)>, RenderError> {
@@ -134,6 +153,17 @@ impl Renderer {
         ctx.insert("has_fp4_mma", &k.arch.has_fp4_mma());
         ctx.insert("params", &inst.params);
         ctx.insert("template", &inst.template);
+        // Params are also top-level variables (`{{ threads }}` == `{{ params.threads }}`), so
+        // templates written against a flat context work unchanged; they may not shadow the key.
+        for (k, v) in &inst.params {
+            if RESERVED.contains(&k.as_str()) {
+                return Err(RenderError::ReservedParam {
+                    name,
+                    param: k.clone(),
+                });
+            }
+            ctx.insert(k.as_str(), v);
+        }
         let body = self
             .tera
             .render(&inst.template, &ctx)
@@ -205,7 +235,7 @@ mod tests {
             ("lib/x.cuh.tera".into(), "{% macro f(n) %}int f{{ n }}();{% endmacro f %}".into()),
             (
                 "ops/rmsnorm.cu.tera".into(),
-                "{% import \"lib/x.cuh.tera\" as x %}\n\n\n{{ x::f(n=sm) }}   \nextern \"C\" __global__ void {{ entry }}() {} // {{ params.threads }} {{ has_wgmma }}\n\n\n".into(),
+                "{% import \"lib/x.cuh.tera\" as x %}\n\n\n{{ x::f(n=sm) }}   \nextern \"C\" __global__ void {{ entry }}() {} // {{ params.threads }} {{ has_wgmma }} {{ threads }}\n\n\n".into(),
             ),
         ])
         .unwrap();
@@ -215,9 +245,15 @@ mod tests {
         ));
         assert!(s.contains("params: {\"threads\":128}"));
         assert!(s.contains(
-            "int f90();\nextern \"C\" __global__ void rmsnorm_f32_sm_90a() {} // 128 true\n"
+            "int f90();\nextern \"C\" __global__ void rmsnorm_f32_sm_90a() {} // 128 true 128\n"
         ));
-        assert!(s.ends_with("true\n"));
+        assert!(s.ends_with("128\n"));
+        let mut bad = m.instances[0].clone();
+        bad.params.insert("sm".into(), serde_json::json!(1));
+        assert!(matches!(
+            r.render(&bad),
+            Err(RenderError::ReservedParam { .. })
+        ));
     }
 
     #[test]

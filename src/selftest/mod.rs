@@ -32,8 +32,9 @@ pub struct SelftestArgs {
     /// Also run the generic (sm_80/sm_89) instances the device can run, not only its own arch.
     #[arg(long)]
     pub generic: bool,
-    /// Fail on any run-time kernel compile (the PTX cache must be complete).
-    #[arg(long, env = "FUCINA_STRICT_KERNELS")]
+    /// Fail on any run-time kernel compile (the PTX cache must be complete). The environment
+    /// variable FUCINA_STRICT_KERNELS=1 does the same (read by the PTX cache configuration).
+    #[arg(long)]
     pub strict_kernels: bool,
 }
 
