@@ -88,6 +88,7 @@ fn gen_kernels(check: bool) -> Result<bool> {
     cmd.current_dir(&root)
         .args([
             "test",
+            "--no-fail-fast",
             "-p",
             "codegen",
             "--test",
