@@ -1,8 +1,9 @@
 //! NVRTC compilation (through cudarc, dynamically loaded) and the on-disk PTX cache.
 //!
-//! Cache layout: `<root>/ptx/<arch>/<name>-<hash>.ptx`, where `<root>` is `$FUCINA_CACHE_DIR`
-//! or `<user cache dir>/fucina`, and `<hash>` is sha256 over (source, arch, NVRTC version,
-//! compile options, codegen version). A template edit changes the source, hence the key: a
+//! Cache layout: `<root>/ptx/<arch>/nvrtc-<major>.<minor>/<name>-<hash>.ptx`, where `<root>` is
+//! `$FUCINA_CACHE_DIR` or `<user cache dir>/fucina`, and `<hash>` is sha256 over (source, arch,
+//! compile options, codegen version): the key is (source, arch, NVRTC version, options). Without
+//! NVRTC, the newest version's entry is used (a cache shipped to a driver-only machine works). A template edit changes the source, hence the key: a
 //! stale entry can never be picked up. Strict mode (`FUCINA_STRICT_KERNELS=1`) turns every
 //! cache miss into an error, which proves the cache is complete (tinygrad's ASSERT_COMPILE).
 
@@ -185,14 +186,13 @@ impl PtxCache {
         self.cfg.root.join("ptx").join(arch.as_str())
     }
 
-    /// The file a (name, source, arch) compiles to.
-    pub fn path_for(&self, name: &str, source: &str, arch: SmArch) -> Result<PathBuf, PtxError> {
-        let (maj, min) = nvrtc_version()?;
+    /// File name of a (name, source, arch): `<name>-<hash>.ptx`, hash over source, arch,
+    /// options and codegen version. The NVRTC version is the directory above it.
+    pub fn file_name(name: &str, source: &str, arch: SmArch) -> String {
         let mut h = Sha256::new();
         for part in [
             source,
             arch.as_str(),
-            &format!("nvrtc {maj}.{min}"),
             &compile_options(arch).join(" "),
             concat!("codegen ", env!("CARGO_PKG_VERSION")),
         ] {
@@ -201,17 +201,60 @@ impl PtxCache {
         }
         let digest = h.finalize();
         let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
-        Ok(self.arch_dir(arch).join(format!("{name}-{hex}.ptx")))
+        format!("{name}-{hex}.ptx")
+    }
+
+    /// Where NVRTC `version`'s PTX of (name, source, arch) lives:
+    /// `<root>/ptx/<arch>/nvrtc-<major>.<minor>/<name>-<hash>.ptx`.
+    pub fn path_for(&self, name: &str, source: &str, arch: SmArch, version: (i32, i32)) -> PathBuf {
+        self.arch_dir(arch)
+            .join(format!("nvrtc-{}.{}", version.0, version.1))
+            .join(PtxCache::file_name(name, source, arch))
+    }
+
+    /// Without NVRTC: the entry of the newest NVRTC version that has one (PTX JITs forward on
+    /// any newer driver, so a shipped cache works on a machine with only the driver).
+    pub fn find_any_version(&self, name: &str, source: &str, arch: SmArch) -> Option<PathBuf> {
+        let file = PtxCache::file_name(name, source, arch);
+        let mut dirs: Vec<(Vec<u32>, PathBuf)> = std::fs::read_dir(self.arch_dir(arch))
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter_map(|p| {
+                let n = p.file_name()?.to_str()?.strip_prefix("nvrtc-")?.to_string();
+                let v: Option<Vec<u32>> = n.split('.').map(|x| x.parse().ok()).collect();
+                Some((v?, p))
+            })
+            .collect();
+        dirs.sort();
+        dirs.into_iter()
+            .rev()
+            .map(|(_, d)| d.join(&file))
+            .find(|p| p.is_file())
     }
 
     /// PTX of `source` for `arch`: from disk if cached, else compiled (unless strict) and stored.
+    /// Without NVRTC, any cached version is used; a miss is then `NvrtcMissing`.
     pub fn get_or_compile(
         &self,
         name: &str,
         source: &str,
         arch: SmArch,
     ) -> Result<String, PtxError> {
-        let path = self.path_for(name, source, arch)?;
+        let path = if nvrtc_available() {
+            self.path_for(name, source, arch, nvrtc_version()?)
+        } else {
+            match self.find_any_version(name, source, arch) {
+                Some(p) => p,
+                None if self.cfg.strict => {
+                    return Err(PtxError::StrictMiss {
+                        name: name.into(),
+                        arch,
+                        dir: self.arch_dir(arch),
+                    })
+                }
+                None => return Err(PtxError::NvrtcMissing),
+            }
+        };
         if let Ok(ptx) = std::fs::read_to_string(&path) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(ptx);

@@ -61,6 +61,27 @@ fn second_start_compiles_nothing() {
         Err(PtxError::StrictMiss { name, .. }) => assert_eq!(name, inst.name()),
         other => panic!("expected StrictMiss, got {other:?}"),
     }
+    // Entries sit under the NVRTC version; without NVRTC the newest version's entry is used.
+    let (maj, min) = codegen::ptx::nvrtc_version().unwrap();
+    let p = second.path_for(&inst.name(), src, inst.key.arch, (maj, min));
+    assert!(p.is_file(), "{}", p.display());
+    assert!(p.parent().unwrap().ends_with(format!("nvrtc-{maj}.{min}")));
+    assert_eq!(
+        second.find_any_version(&inst.name(), src, inst.key.arch),
+        Some(p.clone())
+    );
+    let newer = second.path_for(&inst.name(), src, inst.key.arch, (maj + 86, 0));
+    std::fs::create_dir_all(newer.parent().unwrap()).unwrap();
+    std::fs::write(&newer, "// newer").unwrap();
+    assert_eq!(
+        second.find_any_version(&inst.name(), src, inst.key.arch),
+        Some(newer)
+    );
+    assert_eq!(
+        second.find_any_version(&inst.name(), &edited, inst.key.arch),
+        None
+    );
+
     // The arch is part of the key.
     assert!(second
         .get_or_compile(&inst.name(), src, SmArch::Sm121a)
@@ -92,4 +113,41 @@ fn cache_dir_from_env() {
     };
     let c = PtxCache::new(cfg);
     assert!(c.arch_dir(SmArch::Sm121a).ends_with("ptx/sm_121a"));
+}
+
+/// On a machine without NVRTC (this test only runs there: plain `cargo test` without the
+/// NVRTC library path), a cache shipped from elsewhere is used and a miss is a typed error.
+#[test]
+fn without_nvrtc_a_shipped_cache_is_used() {
+    if codegen::ptx::nvrtc_available() {
+        eprintln!("SKIP without_nvrtc_a_shipped_cache_is_used: NVRTC is present");
+        return;
+    }
+    let root = fresh_root("shipped");
+    let cache = PtxCache::new(CacheConfig {
+        root: root.clone(),
+        strict: false,
+    });
+    let src = "extern \"C\" __global__ void k_f32_sm_90a() {}";
+    let p = cache.path_for("k_f32_sm_90a", src, SmArch::Sm90a, (13, 0));
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, "// shipped ptx").unwrap();
+    assert_eq!(
+        cache
+            .get_or_compile("k_f32_sm_90a", src, SmArch::Sm90a)
+            .unwrap(),
+        "// shipped ptx"
+    );
+    assert_eq!(cache.compiles(), 0);
+    let miss = cache.get_or_compile("k_f32_sm_90a", "// other", SmArch::Sm90a);
+    assert!(matches!(miss, Err(PtxError::NvrtcMissing)), "{miss:?}");
+    let strict = PtxCache::new(CacheConfig {
+        root: root.clone(),
+        strict: true,
+    });
+    assert!(matches!(
+        strict.get_or_compile("k_f32_sm_90a", "// other", SmArch::Sm90a),
+        Err(PtxError::StrictMiss { .. })
+    ));
+    let _ = std::fs::remove_dir_all(&root);
 }
