@@ -12,7 +12,7 @@ mod probe;
 
 pub use device::CudaDevice;
 pub use error::CudaError;
-pub use launch::{NormMode, RopeLaunch};
+pub use launch::{GluShape, RopeLaunch};
 pub use probe::cuda_available;
 
 pub use cudarc::driver::{CudaSlice, CudaView};
