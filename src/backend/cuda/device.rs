@@ -138,6 +138,26 @@ impl CudaDevice {
         Ok(module)
     }
 
+    /// Compile (or fetch from the disk cache) the PTX of every instance this device can run,
+    /// on a few threads with a progress bar when `show_progress` (first start after an
+    /// install or a template change). Returns how many instances were covered.
+    pub fn precompile(&self, show_progress: bool) -> Result<usize, CudaError> {
+        let specs: Vec<&'static KernelSpec> = kernels::KERNELS
+            .iter()
+            .filter(|s| self.arches.contains(&s.key.arch))
+            .collect();
+        let jobs: Vec<codegen::ptx::Job<'_>> = specs
+            .iter()
+            .map(|s| codegen::ptx::Job {
+                name: s.name,
+                source: s.source,
+                arch: s.key.arch,
+            })
+            .collect();
+        codegen::ptx::compile_many(&self.ptx, &jobs, show_progress)?;
+        Ok(jobs.len())
+    }
+
     /// The main kernel (`extern "C"` name = `spec.name`).
     pub fn function(&self, spec: &'static KernelSpec) -> Result<CudaFunction, CudaError> {
         self.module(spec)?
