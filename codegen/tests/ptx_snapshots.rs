@@ -81,9 +81,21 @@ fn lib_macros_compile_on_every_arch() {
         let name = m.instances[0].name();
         let p = ptx::compile(&name, &src, arch).unwrap_or_else(|e| panic!("{e}"));
         assert!(p.contains(".entry"));
-        assert_eq!(p.contains("wgmma.mma_async"), arch.has_wgmma(), "{arch}: wgmma");
-        assert_eq!(p.contains("kind::mxf4nvf4"), arch.has_fp4_mma(), "{arch}: fp4 mma");
-        assert_eq!(p.contains("cvt.rn.f16x2.e4m3x2"), arch.has_fp8_mma(), "{arch}: fp8 cvt");
+        assert_eq!(
+            p.contains("wgmma.mma_async"),
+            arch.has_wgmma(),
+            "{arch}: wgmma"
+        );
+        assert_eq!(
+            p.contains("kind::mxf4nvf4"),
+            arch.has_fp4_mma(),
+            "{arch}: fp4 mma"
+        );
+        assert_eq!(
+            p.contains("cvt.rn.f16x2.e4m3x2"),
+            arch.has_fp8_mma(),
+            "{arch}: fp8 cvt"
+        );
     }
 }
 
