@@ -32,6 +32,12 @@ pub fn registry_source(instances: &[Instance], sources_rel: &str) -> String {
         s.push_str(&format!("        reason: {:?},\n", i.reason));
         let params = serde_json::to_string(&i.params).unwrap_or_else(|_| "{}".into());
         s.push_str(&format!("        params: {params:?},\n"));
+        let ints: Vec<String> = i
+            .params
+            .iter()
+            .filter_map(|(k, v)| v.as_i64().map(|n| format!("({k:?}, {n})")))
+            .collect();
+        s.push_str(&format!("        int_params: &[{}],\n", ints.join(", ")));
         s.push_str(&format!(
             "        source: include_str!(concat!(env!(\"OUT_DIR\"), \"/{sources_rel}/{name}.cu\")),\n"
         ));
