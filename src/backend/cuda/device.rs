@@ -18,6 +18,8 @@ pub struct CudaDevice {
     arches: Vec<SmArch>,
     ptx: PtxCache,
     modules: Mutex<HashMap<KernelKey, Arc<CudaModule>>>,
+    /// Main entry points, resolved once (launch paths do no string work).
+    functions: Mutex<HashMap<KernelKey, CudaFunction>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -58,6 +60,7 @@ impl CudaDevice {
             arches,
             ptx: PtxCache::new(cache),
             modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
         })
     }
 
@@ -160,9 +163,22 @@ impl CudaDevice {
 
     /// The main kernel (`extern "C"` name = `spec.name`).
     pub fn function(&self, spec: &'static KernelSpec) -> Result<CudaFunction, CudaError> {
-        self.module(spec)?
+        if let Some(f) = self
+            .functions
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&spec.key).cloned())
+        {
+            return Ok(f);
+        }
+        let f = self
+            .module(spec)?
             .load_function(spec.name)
-            .map_err(drv(format!("finding {}", spec.name)))
+            .map_err(drv(format!("finding {}", spec.name)))?;
+        if let Ok(mut m) = self.functions.lock() {
+            m.insert(spec.key, f.clone());
+        }
+        Ok(f)
     }
 
     /// A secondary kernel of the same module, named `<spec.name>__<suffix>`.
