@@ -71,6 +71,8 @@ key_enum! {
         Gemm => "gemm",
         AttnDecode => "attn_decode",
         Sample => "sample",
+        /// Test kernel: the DSL's float conversions over all codes (selftest only).
+        Convert => "convert",
     }
 }
 

@@ -1,5 +1,6 @@
 //! The registry of per-op checks. Add one line per check (its own file in this folder).
 
+mod convert;
 mod glu;
 mod rmsnorm;
 mod rope;
@@ -15,6 +16,7 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &rope::RopeCheck,
         &softmax::SoftmaxCheck,
         &glu::GluCheck,
+        &convert::ConvertCheck,
     ]
 }
 
