@@ -11,5 +11,7 @@ pub mod tokenizer;
 pub mod backend;
 pub mod arch;
 pub mod gguf;
+pub mod selftest;
+pub mod kernels;
 pub mod weights;
 pub mod assets;
