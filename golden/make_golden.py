@@ -11,8 +11,12 @@ Every parameter is randomised (norm weights, A_log, dt_bias, conv, routers ...) 
 `w` vs `1 + w` mistake or a wrong head order changes the logits. The reference is HF
 transformers run on the CPU in float32 with eager attention.
 
-Run where torch and transformers (5.17) are installed, plus the `gguf` package:
+Run where torch and transformers (5.17) are installed, plus the `gguf` package (the committed
+files were made on a CPU with torch 2.11.0, transformers 5.17.0, gguf 0.19.0, from PyPI:
+`python -m venv /tmp/tenv && /tmp/tenv/bin/pip install torch==2.11.0 transformers==5.17.0
+gguf==0.19.0`); the output is deterministic for a given seed:
     python golden/make_golden.py --out /tmp/golden [--only qwen3,qwen35]
+    cp -r /tmp/golden/models/<case> golden/models/
 Other families add cases in golden/gemma_cases.py, which defines `register(mg)`; `mg` is this
 module, so it can use `Case`, `randomize`, `GgufOut` and `add_case`.
 """
@@ -20,6 +24,7 @@ module, so it can use `Case`, `randomize`, `GgufOut` and `add_case`.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -127,6 +132,7 @@ class GgufOut:
 
     def __init__(self, arch: str):
         import gguf
+        import gguf.quants  # noqa: F401
 
         self.gguf = gguf
         self.arch = arch
@@ -141,18 +147,49 @@ class GgufOut:
     def meta(self, method: str, *args) -> None:
         self.kv.append((method, args))
 
-    def write(self, path: Path) -> None:
+    def write(self, path: Path, q8_0: bool = False) -> None:
+        """Write F32, or (q8_0) with every matrix whose rows are whole 32-blocks in Q8_0 (the
+        `gguf` package's reference quantiser), vectors and small tensors staying F32."""
+        gq = self.gguf.GGMLQuantizationType
         w = self.gguf.GGUFWriter(str(path), self.arch)
         w.add_name("fucina golden " + self.arch)
-        w.add_file_type(self.gguf.LlamaFileType.ALL_F32)
+        w.add_file_type(self.gguf.LlamaFileType.MOSTLY_Q8_0 if q8_0 else self.gguf.LlamaFileType.ALL_F32)
         for method, args in self.kv:
             getattr(w, method)(*args)
         for name, arr in self.tensors:
-            w.add_tensor(name, arr)
+            if q8_0 and q8_0_eligible(name, arr):
+                w.add_tensor(name, self.gguf.quants.quantize(arr, gq.Q8_0), raw_dtype=gq.Q8_0)
+            else:
+                w.add_tensor(name, arr)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+
+
+# Q8_0 variant: a matrix is stored in Q8_0 when its rows are whole 32-blocks, except tensors whose
+# GGUF column order differs from HF's (ssm_out's columns are value heads re-ordered in groups of
+# head_dim < 32, so its blocks would not be HF's blocks).
+Q8_KEEP_GGUF = ("ssm_out",)
+# The HF parameters that become those Q8_0 tensors are rounded through Q8_0 before the reference
+# logits are computed, so the reference has exactly the GGUF's weight values.
+Q8_KEEP_HF = ("linear_attn.out_proj", "shared_expert_gate", "visual")
+
+
+def q8_0_eligible(gguf_name: str, arr: np.ndarray) -> bool:
+    return arr.ndim >= 2 and arr.shape[-1] % 32 == 0 and not any(k in gguf_name for k in Q8_KEEP_GGUF)
+
+
+def round_trip_q8_0(model: torch.nn.Module) -> None:
+    import gguf
+    import gguf.quants
+
+    q = gguf.GGMLQuantizationType.Q8_0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2 and p.shape[-1] % 32 == 0 and not any(k in name for k in Q8_KEEP_HF):
+                a = p.detach().cpu().numpy().astype(np.float32)
+                p.copy_(torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(a, q), q).reshape(a.shape)))
 
 
 def _common_meta(out: GgufOut, c, n_layers: int, ff: int) -> None:
@@ -508,9 +545,18 @@ def run_case(case: Case, out_root: Path, seed: int) -> dict:
         g = GgufOut(case.gguf_arch or case.arch)
         case.gguf(model, model.config.get_text_config(), g)
         g.write(d / "model.gguf")
+        qmodel = copy.deepcopy(model)
+        round_trip_q8_0(qmodel)
+        gq = GgufOut(case.gguf_arch or case.arch)
+        case.gguf(qmodel, qmodel.config.get_text_config(), gq)
+        gq.write(d / "model.q8_0.gguf", q8_0=True)
+    else:
+        qmodel = None
     seqs = []
     for si, ids in enumerate(case.sequences):
         entry = {"tokens": ids, "logits": _round(logits_of(model, ids))}
+        if qmodel is not None:
+            entry["logits_q8_0"] = _round(logits_of(qmodel, ids))
         if si in GREEDY_FROM:
             toks, gaps = greedy(model, ids, GREEDY_STEPS)
             entry["greedy"] = {"tokens": toks, "top2_gap": gaps}
@@ -523,6 +569,9 @@ def run_case(case: Case, out_root: Path, seed: int) -> dict:
         "hf_class": type(model).__name__,
         "hf_files": files,
         "gguf": "model.gguf" if case.gguf is not None else None,
+        # the weights with the matrices in Q8_0, and per sequence `logits_q8_0`: HF's logits for
+        # exactly those (Q8_0-rounded) weights
+        "gguf_q8_0": "model.q8_0.gguf" if case.gguf is not None else None,
         "notes": case.notes,
         "tolerance": TOLERANCE,
         "metric": METRIC,

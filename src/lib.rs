@@ -12,3 +12,4 @@ pub mod backend;
 pub mod arch;
 pub mod gguf;
 pub mod weights;
+pub mod assets;

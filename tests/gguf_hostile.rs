@@ -79,7 +79,10 @@ fn gguf_byte_mutations_never_panic() {
             let mut m = full.clone();
             m[pos] = v;
             match parse(&m) {
-                Ok(_) => ok += 1,
+                Ok(g) => {
+                    ok += 1;
+                    use_all(&g);
+                }
                 Err(_) => err += 1,
             }
         }
@@ -89,7 +92,10 @@ fn gguf_byte_mutations_never_panic() {
             let end = (pos + 8).min(m.len());
             m[pos..end].copy_from_slice(&word.to_le_bytes()[..end - pos]);
             match parse(&m) {
-                Ok(_) => ok += 1,
+                Ok(g) => {
+                    ok += 1;
+                    use_all(&g);
+                }
                 Err(_) => err += 1,
             }
         }
@@ -98,6 +104,26 @@ fn gguf_byte_mutations_never_panic() {
         err > header_end,
         "mutations rejected: {err}, accepted: {ok}"
     );
+}
+
+/// Every accessor on a file that parsed: tensors dequantise or give typed errors.
+fn use_all(g: &GgufFile) {
+    for k in g.metadata().keys() {
+        let _ = (
+            g.get_u64(k),
+            g.get_f32(k),
+            g.get_str(k),
+            g.get_bool(k),
+            g.get_u64_array(k),
+            g.get_f32_array(k),
+        );
+    }
+    let _ = g.architecture();
+    for t in g.tensor_infos() {
+        let r = g.tensor(&t.name).expect("listed tensor");
+        assert_eq!(r.data.len() as u64, t.n_bytes);
+        let _ = r.to_f32();
+    }
 }
 
 /// Header bytes built by hand: magic, version, counts, then `body`.

@@ -174,3 +174,48 @@ fn gguf_detects_every_architecture_name() {
         .to_string();
     assert!(e.contains("general.architecture"), "{e}");
 }
+
+fn split_part(i: u16, tensor: &str, v: f32) -> Writer {
+    let mut w = Writer::new(3)
+        .kv("split.no", GgufValue::U16(i - 1))
+        .kv("split.count", GgufValue::U16(3));
+    if i == 1 {
+        w = w.kv("general.architecture", GgufValue::String("qwen3moe".into()));
+    }
+    w.tensor(tensor, &[1], 0, f32_bytes(&[v]))
+}
+
+#[test]
+fn gguf_split_files_open_as_one_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = |i: u16| dir.path().join(format!("m-{i:05}-of-00003.gguf"));
+    for (i, t) in [(1u16, "a"), (2, "b"), (3, "c")] {
+        std::fs::write(name(i), split_part(i, t, i as f32).build()).unwrap();
+    }
+    for p in [name(2), name(1), dir.path().to_path_buf()] {
+        let c = Checkpoint::open(&p).unwrap();
+        assert_eq!(c.files().len(), 3);
+        assert_eq!(c.tensor_names(), vec!["a", "b", "c"]);
+        assert_eq!(c.tensor("c").unwrap().to_f32().unwrap(), vec![3.0]);
+        assert!(c.has("b"));
+        assert_eq!(c.gguf().unwrap().architecture(), Some("qwen3moe"));
+        assert_eq!(arch::detect(&c).unwrap().arch, Arch::Qwen3Moe);
+    }
+    // a tensor in two parts
+    std::fs::write(name(3), split_part(3, "a", 3.0).build()).unwrap();
+    let e = Checkpoint::open(&name(1)).unwrap_err().to_string();
+    assert!(e.contains("more than one part"), "{e}");
+    // a missing part
+    std::fs::remove_file(name(3)).unwrap();
+    let e = Checkpoint::open(&name(1)).unwrap_err().to_string();
+    assert!(
+        e.contains("m-00003-of-00003.gguf") && e.contains("missing"),
+        "{e}"
+    );
+    // split.count disagreeing with the parts found
+    let d2 = tempfile::tempdir().unwrap();
+    let w = Writer::new(3).kv("split.count", GgufValue::U16(5));
+    std::fs::write(d2.path().join("x-00001-of-00001.gguf"), w.build()).unwrap();
+    let e = Checkpoint::open(d2.path()).unwrap_err().to_string();
+    assert!(e.contains("split.count"), "{e}");
+}

@@ -401,3 +401,11 @@ fn weights_missing_and_empty_locations() {
     let e = Checkpoint::open(&d.path().join("a.gguf")).unwrap_err();
     assert!(matches!(e, WeightsError::Gguf(_)), "{e}");
 }
+
+#[test]
+fn weights_checkpoint_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Checkpoint>();
+    check::<fucina::gguf::GgufFile>();
+    check::<fucina::weights::TensorRef<'static>>();
+}

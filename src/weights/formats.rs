@@ -47,7 +47,7 @@ fn numel(shape: &[usize]) -> usize {
 /// The `[rows, cols]` view of a shape (rows = everything but the last axis).
 fn rows_cols(shape: &[usize]) -> (usize, usize) {
     let cols = shape.last().copied().unwrap_or(1);
-    let rows = if cols == 0 { 0 } else { numel(shape) / cols };
+    let rows = numel(shape).checked_div(cols).unwrap_or(0);
     (rows, cols)
 }
 

@@ -14,7 +14,8 @@ pub const SINGLE_FILE: &str = "model.safetensors";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolved {
     Gguf {
-        file: PathBuf,
+        /// One file, or every part of a llama.cpp split (`X-00001-of-00003.gguf`...) in order.
+        files: Vec<PathBuf>,
         dir: PathBuf,
     },
     Safetensors {
@@ -69,10 +70,8 @@ pub fn resolve(path: &Path) -> Result<Resolved, WeightsError> {
     if meta.is_file() {
         let dir = parent_dir(path);
         if is_gguf(path)? {
-            return Ok(Resolved::Gguf {
-                file: path.to_path_buf(),
-                dir,
-            });
+            let files = gguf_split_set(path)?.unwrap_or_else(|| vec![path.to_path_buf()]);
+            return Ok(Resolved::Gguf { files, dir });
         }
         if path.file_name().is_some_and(|n| n == INDEX_FILE) {
             let files = index_shards(path, &dir)?;
@@ -141,9 +140,19 @@ fn resolve_dir(dir: &Path) -> Result<Resolved, WeightsError> {
             dir: dir.to_path_buf(),
         });
     }
+    if let Some(first) = gguf.first() {
+        if let Some(files) = gguf_split_set(first)? {
+            if files == gguf {
+                return Ok(Resolved::Gguf {
+                    files,
+                    dir: dir.to_path_buf(),
+                });
+            }
+        }
+    }
     match gguf.len() {
         1 => Ok(Resolved::Gguf {
-            file: gguf.remove(0),
+            files: gguf,
             dir: dir.to_path_buf(),
         }),
         0 => Err(layout(
@@ -165,6 +174,44 @@ fn resolve_dir(dir: &Path) -> Result<Resolved, WeightsError> {
             ))
         }
     }
+}
+
+/// `(prefix, part, count)` of a llama.cpp split name `PREFIX-00002-of-00005.gguf`.
+fn split_name(name: &str) -> Option<(&str, u32, u32)> {
+    let stem = name.strip_suffix(".gguf")?;
+    let (rest, count) = stem.rsplit_once("-of-")?;
+    let (prefix, part) = rest.rsplit_once('-')?;
+    let num = |s: &str| {
+        (s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse::<u32>().ok())
+            .flatten()
+    };
+    let (part, count) = (num(part)?, num(count)?);
+    (part >= 1 && part <= count).then_some((prefix, part, count))
+}
+
+/// Every part of the split GGUF `file` belongs to, in order, each checked to exist; `None` when
+/// the name is not a split name.
+pub fn gguf_split_set(file: &Path) -> Result<Option<Vec<PathBuf>>, WeightsError> {
+    let Some(name) = file.file_name().and_then(|n| n.to_str()) else {
+        return Ok(None);
+    };
+    let Some((prefix, _, count)) = split_name(name) else {
+        return Ok(None);
+    };
+    let dir = parent_dir(file);
+    let mut files = Vec::with_capacity(count as usize);
+    for i in 1..=count {
+        let p = dir.join(format!("{prefix}-{i:05}-of-{count:05}.gguf"));
+        if !p.is_file() {
+            return Err(layout(
+                &p,
+                format!("part {i} of the {count}-part split GGUF is missing"),
+            ));
+        }
+        files.push(p);
+    }
+    Ok(Some(files))
 }
 
 /// The snapshot folder of a `models--org--name` cache entry: `refs/main`'s revision, else the

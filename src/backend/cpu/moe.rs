@@ -49,6 +49,7 @@ pub fn moe(
     up: &CpuWeight,
     down: &CpuWeight,
     p: &MoeParams,
+    fast: bool,
 ) -> Result<CpuTensor> {
     let (n, hidden) = (x.rows, x.cols);
     let e = p.n_experts;
@@ -103,8 +104,8 @@ pub fn moe(
             cols: hidden,
             data: xs,
         };
-        let g = matmul_rows(&xs, gate, ex * ff, ff)?;
-        let u = matmul_rows(&xs, up, ex * ff, ff)?;
+        let g = matmul_rows(&xs, gate, ex * ff, ff, fast)?;
+        let u = matmul_rows(&xs, up, ex * ff, ff, fast)?;
         let mut hdata = vec![0f32; g.data.len()];
         match p.act {
             Activation::Silu => crate::ops::swiglu(&g.data, &u.data, &mut hdata),
@@ -115,7 +116,7 @@ pub fn moe(
             cols: ff,
             data: hdata,
         };
-        let d = matmul_rows(&hmid, down, ex * out_dim, out_dim)?;
+        let d = matmul_rows(&hmid, down, ex * out_dim, out_dim, fast)?;
         for (i, &(t, wgt)) in toks.iter().enumerate() {
             for (o, v) in out[t * out_dim..(t + 1) * out_dim].iter_mut().zip(d.row(i)) {
                 *o += wgt * v;

@@ -1,4 +1,5 @@
 //! Every CPU op against a direct computation written independently here.
+#![allow(clippy::needless_range_loop)] // direct index loops are the point of a reference
 
 use super::*;
 use crate::backend::{Activation, AttnParams, KvShape, MoeParams, Norm, Rope};
@@ -89,9 +90,18 @@ fn linear_f32_and_q8_0_match_naive() {
         assert_close(&y.data, &naive_matmul(&xv, n, k, &wv, out), 1e-5);
 
         let (qb, qv) = q8_0(&mut rng, out, k);
-        let wq = weight(&b, "wq", &[out, k], &qb, GgmlType::Q8_0);
-        let y = b.linear(&x, &wq).unwrap();
-        assert_close(&y.data, &naive_matmul(&xv, n, k, &qv, out), 1e-5);
+        let want = naive_matmul(&xv, n, k, &qv, out);
+        let r = CpuBackend::new();
+        let wq = weight(&r, "wq", &[out, k], &qb, GgmlType::Q8_0);
+        let y = r.linear(&x, &wq).unwrap();
+        assert_close(&y.data, &want, 1e-5);
+        // int8 activations: within the activation rounding (|x| <= 1, 1/254 per value)
+        let y = CpuBackend::int8().linear(&x, &wq).unwrap();
+        let bound: f32 = qv.iter().map(|v| v.abs()).fold(0.0, f32::max) * k as f32 / 254.0;
+        for (g, w) in y.data.iter().zip(&want) {
+            assert!((g - w).abs() <= bound, "{g} vs {w} (bound {bound})");
+        }
+        assert_ne!(y.data, want, "the int8 path is in use");
     }
 }
 

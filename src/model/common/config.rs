@@ -32,14 +32,15 @@ impl GgufKeys<'_> {
     pub fn f32(&self, k: &str) -> Result<f32, ModelError> {
         self.opt_f32(k).ok_or_else(|| missing(&self.key(k)))
     }
-    /// A per-layer value stored either as a scalar or as an array (first entry used).
-    pub fn usize_or_first(&self, k: &str) -> Result<usize, ModelError> {
+    /// A per-layer value stored either as a scalar or as an array (the largest entry: llama.cpp
+    /// writes 0 KV heads for recurrent layers in hybrid models).
+    pub fn usize_per_layer_max(&self, k: &str) -> Result<usize, ModelError> {
         if let Some(v) = self.opt_usize(k) {
             return Ok(v);
         }
         self.meta
             .meta_u64_array(&self.key(k))
-            .and_then(|a| a.first().copied())
+            .and_then(|a| a.iter().copied().max())
             .map(|v| v as usize)
             .ok_or_else(|| missing(&self.key(k)))
     }

@@ -191,9 +191,9 @@ impl QwenConfig {
     pub fn from_gguf(variant: Variant, k: &GgufKeys<'_>) -> Result<Self, ModelError> {
         let hidden = k.usize("embedding_length")?;
         let n_layers = k.usize("block_count")?;
-        let n_heads = k.usize_or_first("attention.head_count")?;
+        let n_heads = k.usize_per_layer_max("attention.head_count")?;
         let n_kv_heads = k
-            .usize_or_first("attention.head_count_kv")
+            .usize_per_layer_max("attention.head_count_kv")
             .unwrap_or(n_heads);
         let head_dim = k
             .opt_usize("attention.key_length")
@@ -310,4 +310,100 @@ fn interval_mixers(n: usize, interval: usize) -> Vec<Mixer> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::common::GgufMeta;
+    use std::collections::HashMap;
+
+    #[derive(Default)]
+    struct Meta(HashMap<String, Vec<u64>>, HashMap<String, f32>);
+    impl GgufMeta for Meta {
+        fn meta_u64(&self, key: &str) -> Option<u64> {
+            self.0.get(key).filter(|v| v.len() == 1).map(|v| v[0])
+        }
+        fn meta_f32(&self, key: &str) -> Option<f32> {
+            self.1.get(key).copied()
+        }
+        fn meta_u64_array(&self, key: &str) -> Option<Vec<u64>> {
+            self.0.get(key).cloned()
+        }
+        fn meta_bool(&self, _: &str) -> Option<bool> {
+            None
+        }
+    }
+
+    #[test]
+    fn qwen35_from_gguf_keys() {
+        let mut m = Meta::default();
+        for (k, v) in [
+            ("block_count", vec![8]),
+            ("embedding_length", vec![64]),
+            ("feed_forward_length", vec![96]),
+            ("attention.head_count", vec![4]),
+            // llama.cpp writes 0 KV heads for the recurrent layers
+            ("attention.head_count_kv", vec![0, 0, 0, 2, 0, 0, 0, 2]),
+            ("attention.key_length", vec![32]),
+            ("rope.dimension_count", vec![8]),
+            ("ssm.conv_kernel", vec![4]),
+            ("ssm.state_size", vec![16]),
+            ("ssm.group_count", vec![2]),
+            ("ssm.time_step_rank", vec![4]),
+            ("ssm.inner_size", vec![64]),
+            ("full_attention_interval", vec![4]),
+        ] {
+            m.0.insert(format!("qwen35.{k}"), v);
+        }
+        m.1.insert("qwen35.rope.freq_base".into(), 1e7);
+        let c = QwenConfig::from_gguf(
+            Variant::Qwen35,
+            &GgufKeys {
+                meta: &m,
+                arch: "qwen35",
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (c.n_heads, c.n_kv_heads, c.head_dim, c.rot_dims),
+            (4, 2, 32, 8)
+        );
+        use Mixer::*;
+        assert_eq!(
+            c.mixers,
+            vec![Linear, Linear, Linear, Attention, Linear, Linear, Linear, Attention]
+        );
+        let g = c.gdn.unwrap();
+        assert_eq!(
+            (g.n_k_heads, g.n_v_heads, g.k_dim, g.v_dim, g.kernel),
+            (2, 4, 16, 16, 4)
+        );
+        // missing required key -> typed error naming it
+        m.0.remove("qwen35.ssm.state_size");
+        let e = QwenConfig::from_gguf(
+            Variant::Qwen35,
+            &GgufKeys {
+                meta: &m,
+                arch: "qwen35",
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("qwen35.ssm.state_size"), "{e}");
+    }
+
+    #[test]
+    fn inconsistent_configs_are_refused() {
+        let j = serde_json::json!({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 3,
+            "num_key_value_heads": 2, "head_dim": 16});
+        assert!(QwenConfig::from_json(Variant::Qwen3, &JsonConfig::new(&j)).is_err());
+        let j = serde_json::json!({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 5,
+            "moe_intermediate_size": 32});
+        assert!(QwenConfig::from_json(Variant::Qwen3Moe, &JsonConfig::new(&j)).is_err());
+        let j = serde_json::json!({"text_config": {"hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}});
+        let c = QwenConfig::from_json(Variant::Qwen3, &JsonConfig::new(&j)).unwrap();
+        assert_eq!((c.hidden, c.rot_dims), (64, 16));
+    }
 }

@@ -205,8 +205,8 @@ impl<B: Backend> QwenModel<B> {
             if l.src.has(name) {
                 return l.w(name);
             }
-            let src = if let Some(first) = l.names.hf_expert(i, 0, proj).filter(|n| l.src.has(n)) {
-                let _ = first;
+            let per_expert = l.names.hf_expert(i, 0, proj).is_some_and(|n| l.src.has(&n));
+            let src = if per_expert {
                 BankSource::PerExpert(
                     (0..m.n_experts)
                         .filter_map(|e| l.names.hf_expert(i, e, proj))
@@ -263,7 +263,17 @@ impl<B: Backend> QwenModel<B> {
         } else {
             a.iter().map(|v| -v.exp()).collect()
         };
-        let dt = l.vec(&l.names.layer(i, Role::GdnDtBias))?;
+        // llama.cpp names it `ssm_dt.bias`; some converters wrote `ssm_dt.weight` or `ssm_dt`.
+        let dt_name = l.names.layer(i, Role::GdnDtBias);
+        let dt_name = if gguf && !l.src.has(&dt_name) {
+            [format!("blk.{i}.ssm_dt.weight"), format!("blk.{i}.ssm_dt")]
+                .into_iter()
+                .find(|n| l.src.has(n))
+                .unwrap_or(dt_name)
+        } else {
+            dt_name
+        };
+        let dt = l.vec(&dt_name)?;
         if neg_a.len() != nv || dt.len() != nv {
             return Err(ModelError::Other(format!(
                 "layer {i}: A / dt_bias have {} / {} values for {nv} heads",
