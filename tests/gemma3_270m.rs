@@ -111,6 +111,23 @@ fn gemma3_270m_greedy_matches_oracle() {
     assert!(compared >= 40, "only {compared} steps were compared");
 }
 
+/// The oracle tokenised its prompts by whole-word lookup; the GGUF's own tokenizer must agree
+/// (so the CLI's `-p "<text>"` reaches the same ids), and decode the continuations back to text.
+#[test]
+fn gemma3_270m_prompt_ids_match_the_gguf_tokenizer() {
+    let ckpt = Checkpoint::open(&asset()).expect("open GGUF");
+    let tok =
+        fucina::tokenizer::Tokenizer::from_gguf(ckpt.gguf().expect("gguf")).expect("tokenizer");
+    for case in reference()["cases"].as_array().expect("cases") {
+        let text = case["text"].as_str().expect("text");
+        assert_eq!(
+            tok.encode(text, true).expect("encode"),
+            ids(&case["prompt_ids"]),
+            "{text:?}"
+        );
+    }
+}
+
 /// Decode speed on the CPU backend (run with `cargo test --release --test gemma3_270m -- --ignored
 /// --nocapture`); prints tokens per second for 32 greedy steps after a short prompt.
 #[test]
