@@ -295,7 +295,7 @@ pub(crate) fn from_hf(
     }
     let k_eq_v = config::jb(c, "attention_k_eq_v").unwrap_or(false);
     let hd_swa = config::ju(c, "head_dim").unwrap_or(256);
-    let kv_swa = config::ju(c, "num_key_value_heads").unwrap_or(n_heads);
+    let kv_swa = config::ju(c, "num_key_value_heads").unwrap_or(4); // HF Gemma4TextConfig default
     let hd_full_default = config::ju(c, "global_head_dim").unwrap_or(512);
     let kv_full_default = match config::ju(c, "num_global_key_value_heads") {
         Some(k) if k_eq_v => k,
