@@ -1,263 +1,57 @@
 #!/usr/bin/env python3
-"""Golden cases for the Gemma family: tiny random models and HF transformers 5.17 logits.
+"""Golden cases for the Gemma family, for `golden/make_golden.py` (helper D's framework).
 
-Each case builds a tiny model with transformers, sets EVERY parameter (norm weights, layer
-scalars, router scales included) to seeded random values, saves it as the layout under test
-(HF safetensors + config.json, or a GGUF written the way llama.cpp's converter writes it),
-and records float32 logits from transformers (CPU, eager attention) for a few token sequences
-plus a greedy continuation. Output, per case, under `golden/models/<arch>/<case>/`:
+`register(mg)` adds the Gemma cases to make_golden's list; each is a tiny model built with HF
+transformers 5.17, every parameter randomised by `mg.randomize` (the Gemma 4 `layer_scalar`
+buffers, which it does not touch, are randomised here), saved as `hf/` and, where llama.cpp has
+a layout, as `model.gguf` written the way llama.cpp's converter writes it. Cases:
 
-    reference.json   {"arch", "case", "reference", "dtype", "seed", "tolerance", "checkpoint",
-                      "sequences": [{"ids", "logits": [[vocab] per position], "greedy"}],
-                      and for gemma4-assistant: "target", "draft_steps"}
-    model/           config.json + model.safetensors (HF cases)    or   model.gguf
+  gemma3        Gemma3ForCausalLM: custom layer_types, query_pre_attn_scalar != head_dim,
+                linear RoPE scaling on global layers, final soft-cap, sliding window 4
+  gemma3_mm     Gemma3ForConditionalGeneration (tiny SigLIP tower; text-only inputs)
+  gemma3_gguf   a Gemma 3 that llama.cpp can express (every 6th layer global, scale from
+                head_dim), with its GGUF (norms hold 1 + w)
+  gemma4        Gemma4ForCausalLM: 16/32 head dims, K=V global layers with 1 KV head, p-RoPE
+                (partial 0.25), final soft-cap, + GGUF
+  gemma4_moe    MoE block beside the dense MLP (4 experts, top-2), + GGUF
+  gemma4_e4b    per-layer embeddings, 3 KV-shared layers, double-wide MLP there, + GGUF
+  gemma4_mm     Gemma4ForConditionalGeneration (text part only)
 
-Cases: gemma3 (text, multimodal wrapper, GGUF), gemma4 (dense with K=V and p-RoPE, MoE, E4B-style
-PLE + KV sharing + double-wide MLP, text-only wrapper, GGUF of each of the three),
-gemma4-assistant (MTP head over a gemma4 target's KV).
+and, run by this script's own main (make_golden's generic runner cannot drive it), the MTP head:
 
-`golden/make_golden.py` (helper D) imports `CASES` / `build_case`; run standalone with
-    python3 golden/gemma_cases.py [OUT_ROOT=golden/models] [case-name-filter]
-Needs torch, transformers==5.17.0, safetensors, numpy and gguf==0.19.0.
+  gemma4_assistant   Gemma4AssistantForCausalLM over a gemma4 target's KV: golden.json holds,
+                     per prompt, the target's last logits and three draft steps (token, position,
+                     assistant logits, projected hidden) built as transformers'
+                     Gemma4AssistantCandidateGenerator builds them; target in `target/`.
+
+Run where torch, transformers 5.17 and gguf are installed:
+    python3 golden/gemma_cases.py --out OUT        (writes OUT/models/gemma*/)
 """
 
+from __future__ import annotations
+
+import argparse
 import json
 import math
-import os
-import shutil
 import sys
+import traceback
+from pathlib import Path
 
 import numpy as np
 import torch
 
 VOCAB = 256
-SEQ_LEN = 10
-GREEDY = 6
-TOLERANCE = 1e-3
-
-
-def sequences(seed):
-    g = np.random.default_rng(seed)
-    return [[2] + [int(x) for x in g.integers(3, VOCAB - 3, SEQ_LEN - 1)] for _ in range(3)]
-
-
-# ---------------------------------------------------------------- randomisation
-
-def randomise(model, seed, norm_plus_one):
-    """Every parameter random. Norm weights: N(0, 0.3) for (1 + w) norms, 1 + N(0, 0.3) for
-    plain ones; matrices N(0, 1/sqrt(fan_in)); embeddings N(0, 0.5); scalars in [0.5, 1.5]."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name and p.dim() == 1:
-                v = torch.randn(p.shape, generator=g) * 0.3
-                p.copy_(v if norm_plus_one else 1.0 + v)
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-            elif p.dim() == 1:  # router scale, per-expert scale
-                p.copy_(0.5 + torch.rand(p.shape, generator=g))
-            else:
-                fan_in = p.shape[-1]
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand(b.shape, generator=g))
-
-
-# ---------------------------------------------------------------- references
-
-@torch.no_grad()
-def reference(model, seqs):
-    out = []
-    for ids in seqs:
-        x = torch.tensor([ids])
-        logits = model(input_ids=x, use_cache=False).logits[0].float()
-        seq, greedy = list(ids), []
-        for _ in range(GREEDY):
-            nxt = int(model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1].argmax())
-            greedy.append(nxt)
-            seq.append(nxt)
-        out.append({"ids": ids, "logits": logits.tolist(), "greedy": greedy})
-    return out
-
-
-def write_case(root, arch, case, seed, checkpoint, seqs_out, extra=None):
-    d = os.path.join(root, arch, case)
-    doc = {
-        "arch": arch,
-        "case": case,
-        "reference": "transformers 5.17.0, float32, CPU, eager attention",
-        "dtype": "float32",
-        "seed": seed,
-        "tolerance": TOLERANCE,
-        "checkpoint": checkpoint,
-        "sequences": seqs_out,
-    }
-    doc.update(extra or {})
-    with open(os.path.join(d, "reference.json"), "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
-
-
-def fresh_dir(root, arch, case):
-    d = os.path.join(root, arch, case)
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
-    return d
-
-
-def save_hf(model, d):
-    model.save_pretrained(os.path.join(d, "model"), safe_serialization=True)
-    for extra in ("generation_config.json",):
-        p = os.path.join(d, "model", extra)
-        if os.path.exists(p):
-            os.remove(p)
-
-
-# ---------------------------------------------------------------- GGUF writers (llama.cpp layout)
-
-G3_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-}
-G4_LAYER = dict(G3_LAYER)
-G4_LAYER.update({
-    "layer_scalar": "layer_output_scale.weight",
-    "per_layer_input_gate.weight": "inp_gate.weight",
-    "per_layer_projection.weight": "proj.weight",
-    "post_per_layer_input_norm.weight": "post_norm.weight",
-    "router.proj.weight": "ffn_gate_inp.weight",
-    "router.scale": "ffn_gate_inp.scale",
-    "router.per_expert_scale": "ffn_down_exps.scale",
-    "experts.gate_up_proj": "ffn_gate_up_exps.weight",
-    "experts.down_proj": "ffn_down_exps.weight",
-    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
-    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
-    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
-})
-GLOBAL = {
-    "embed_tokens.weight": "token_embd.weight",
-    "norm.weight": "output_norm.weight",
-    "embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
-    "per_layer_model_projection.weight": "per_layer_model_proj.weight",
-    "per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
-}
-
-
-def gguf_tensors(sd, prefix, layer_map, plus_one):
-    out = {}
-    for name, t in sd.items():
-        if not name.startswith(prefix):
-            continue
-        rest = name[len(prefix):]
-        a = t.detach().float().numpy().astype(np.float32)
-        if rest.startswith("layers."):
-            _, idx, sub = rest.split(".", 2)
-            if sub not in layer_map:
-                raise SystemExit(f"no GGUF name for {name}")
-            new = f"blk.{idx}.{layer_map[sub]}"
-        elif rest in GLOBAL:
-            new = GLOBAL[rest]
-        else:
-            raise SystemExit(f"no GGUF name for {name}")
-        if plus_one and name.endswith("norm.weight"):
-            a = a + 1.0  # llama.cpp's Gemma3 converter folds the 1 + w
-        if a.ndim == 0:
-            a = a.reshape(1)
-        out[new] = np.ascontiguousarray(a)
-    return out
-
-
-def write_gguf(path, arch, tensors, setup):
-    import gguf
-
-    w = gguf.GGUFWriter(path, arch)
-    setup(w)
-    for name in sorted(tensors):
-        w.add_tensor(name, tensors[name])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def gemma3_gguf(model, cfg, path):
-    import gguf
-
-    def setup(w):
-        w.add_context_length(cfg.max_position_embeddings)
-        w.add_embedding_length(cfg.hidden_size)
-        w.add_block_count(cfg.num_hidden_layers)
-        w.add_feed_forward_length(cfg.intermediate_size)
-        w.add_head_count(cfg.num_attention_heads)
-        w.add_head_count_kv(cfg.num_key_value_heads)
-        w.add_key_length(cfg.head_dim)
-        w.add_value_length(cfg.head_dim)
-        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-        full = cfg.rope_parameters["full_attention"]
-        w.add_rope_freq_base(full["rope_theta"])
-        if full.get("rope_type") == "linear":
-            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-            w.add_rope_scaling_factor(full["factor"])
-        w.add_sliding_window(cfg.sliding_window)
-        if cfg.final_logit_softcapping:
-            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
-
-    write_gguf(path, "gemma3", gguf_tensors(model.state_dict(), "model.", G3_LAYER, True), setup)
-
-
-def gemma4_gguf(model, cfg, path):
-    tensors = gguf_tensors(model.state_dict(), "model.", G4_LAYER, False)
-    swa = [t == "sliding_attention" for t in cfg.layer_types]
-    hd_full = cfg.per_layer_config[swa.index(False)].head_dim
-    hd_swa = cfg.per_layer_config[swa.index(True)].head_dim
-    kv = [cfg.per_layer_config[i].num_key_value_heads for i in range(cfg.num_hidden_layers)]
-    full = cfg.rope_parameters["full_attention"]
-    n_rot = int(hd_full * full["partial_rotary_factor"] / 2)
-    tensors["rope_freqs.weight"] = np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32)
-    ffn = [model.model.layers[i].mlp.gate_proj.weight.shape[0] for i in range(cfg.num_hidden_layers)]
-
-    def setup(w):
-        w.add_context_length(cfg.max_position_embeddings)
-        w.add_embedding_length(cfg.hidden_size)
-        w.add_block_count(cfg.num_hidden_layers)
-        w.add_feed_forward_length(ffn if len(set(ffn)) > 1 else ffn[0])
-        w.add_head_count(cfg.num_attention_heads)
-        w.add_head_count_kv(kv)
-        w.add_key_length(hd_full)
-        w.add_value_length(hd_full)
-        w.add_key_length_swa(hd_swa)
-        w.add_value_length_swa(hd_swa)
-        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-        w.add_rope_freq_base(full["rope_theta"])
-        w.add_rope_freq_base_swa(cfg.rope_parameters["sliding_attention"]["rope_theta"])
-        w.add_rope_dimension_count(hd_full)
-        w.add_rope_dimension_count_swa(hd_swa)
-        w.add_sliding_window(cfg.sliding_window)
-        w.add_sliding_window_pattern(swa)
-        w.add_shared_kv_layers(cfg.num_kv_shared_layers)
-        w.add_embedding_length_per_layer_input(cfg.hidden_size_per_layer_input or 0)
-        if cfg.final_logit_softcapping:
-            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
-        if cfg.enable_moe_block:
-            w.add_expert_count(cfg.num_experts)
-            w.add_expert_used_count(cfg.top_k_experts)
-            w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-
-    write_gguf(path, "gemma4", tensors, setup)
 
 
 # ---------------------------------------------------------------- configs
+
+def _eager(c):
+    c._attn_implementation = "eager"
+    for sub in ("text_config", "vision_config"):
+        if getattr(c, sub, None) is not None:
+            getattr(c, sub)._attn_implementation = "eager"
+    return c
+
 
 def gemma3_text_config(**over):
     from transformers import Gemma3TextConfig
@@ -265,7 +59,7 @@ def gemma3_text_config(**over):
     kw = dict(
         vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=6,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
-        sliding_window=4, max_position_embeddings=256, rms_norm_eps=1e-6,
+        sliding_window=4, max_position_embeddings=512, rms_norm_eps=1e-6,
         layer_types=["sliding_attention", "full_attention", "sliding_attention",
                      "sliding_attention", "sliding_attention", "full_attention"],
         rope_parameters={
@@ -276,9 +70,7 @@ def gemma3_text_config(**over):
         tie_word_embeddings=True,
     )
     kw.update(over)
-    c = Gemma3TextConfig(**kw)
-    c._attn_implementation = "eager"
-    return c
+    return _eager(Gemma3TextConfig(**kw))
 
 
 def gemma4_text_config(**over):
@@ -288,7 +80,7 @@ def gemma4_text_config(**over):
         vocab_size=VOCAB, hidden_size=48, intermediate_size=64, num_hidden_layers=6,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
         num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=4,
-        max_position_embeddings=256, rms_norm_eps=1e-6,
+        max_position_embeddings=512, rms_norm_eps=1e-6,
         layer_types=["sliding_attention", "sliding_attention", "full_attention",
                      "sliding_attention", "sliding_attention", "full_attention"],
         rope_parameters={
@@ -300,57 +92,7 @@ def gemma4_text_config(**over):
         pad_token_id=0, bos_token_id=2, eos_token_id=1, tie_word_embeddings=True,
     )
     kw.update(over)
-    c = Gemma4TextConfig(**kw)
-    c._attn_implementation = "eager"
-    return c
-
-
-def eager(model):
-    model.config._attn_implementation = "eager"
-    for sub in ("text_config",):
-        if hasattr(model.config, sub) and getattr(model.config, sub) is not None:
-            getattr(model.config, sub)._attn_implementation = "eager"
-    return model.eval()
-
-
-# ---------------------------------------------------------------- cases
-
-def case_gemma3_text(root, seed):
-    from transformers import Gemma3ForCausalLM
-
-    m = eager(Gemma3ForCausalLM(gemma3_text_config()))
-    randomise(m, seed, True)
-    d = fresh_dir(root, "gemma3", "hf_text")
-    save_hf(m, d)
-    write_case(root, "gemma3", "hf_text", seed, "model", reference(m, sequences(seed)))
-
-
-def case_gemma3_multimodal(root, seed):
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
-
-    vis = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                             num_attention_heads=2, image_size=28, patch_size=14)
-    cfg = Gemma3Config(text_config=gemma3_text_config().to_dict(), vision_config=vis.to_dict(),
-                       mm_tokens_per_image=4, boi_token_index=VOCAB - 3, eoi_token_index=VOCAB - 2,
-                       image_token_index=VOCAB - 1)
-    m = eager(Gemma3ForConditionalGeneration(cfg))
-    randomise(m, seed, True)
-    d = fresh_dir(root, "gemma3", "hf_multimodal")
-    save_hf(m, d)
-    write_case(root, "gemma3", "hf_multimodal", seed, "model", reference(m, sequences(seed)))
-
-
-def case_gemma3_gguf(root, seed):
-    from transformers import Gemma3ForCausalLM
-
-    # llama.cpp's GGUF has no query_pre_attn_scalar (it uses head_dim) and no layer pattern
-    # (every 6th layer global) and a fixed local RoPE base: the HF model is built to match.
-    cfg = gemma3_text_config(query_pre_attn_scalar=16, layer_types=None, sliding_window_pattern=6)
-    m = eager(Gemma3ForCausalLM(cfg))
-    randomise(m, seed, True)
-    d = fresh_dir(root, "gemma3", "gguf")
-    gemma3_gguf(m, m.config, os.path.join(d, "model.gguf"))
-    write_case(root, "gemma3", "gguf", seed, "model.gguf", reference(m, sequences(seed)))
+    return _eager(Gemma4TextConfig(**kw))
 
 
 GEMMA4_VARIANTS = {
@@ -365,40 +107,205 @@ GEMMA4_VARIANTS = {
 }
 
 
-def case_gemma4(variant, gguf_too):
-    def run(root, seed):
+def _layer_scalars(model, seed):
+    """make_golden's randomize leaves buffers alone; Gemma 4's layer_scalar is one."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=g))
+    return model
+
+
+def build_gemma3():
+    from transformers import Gemma3ForCausalLM
+
+    return Gemma3ForCausalLM(gemma3_text_config())
+
+
+def build_gemma3_mm():
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    vis = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, image_size=28, patch_size=14)
+    cfg = Gemma3Config(text_config=gemma3_text_config().to_dict(), vision_config=vis.to_dict(),
+                       mm_tokens_per_image=4, boi_token_index=VOCAB - 3, eoi_token_index=VOCAB - 2,
+                       image_token_index=VOCAB - 1)
+    return Gemma3ForConditionalGeneration(_eager(cfg))
+
+
+def build_gemma3_for_gguf():
+    from transformers import Gemma3ForCausalLM
+
+    # llama.cpp's GGUF has no query_pre_attn_scalar (it scales by head_dim^-0.5), no layer
+    # pattern (every 6th layer global) and a fixed local RoPE base: build a model it can express.
+    return Gemma3ForCausalLM(gemma3_text_config(query_pre_attn_scalar=16, layer_types=None,
+                                                sliding_window_pattern=6))
+
+
+def build_gemma4(variant, seed):
+    def build():
         from transformers import Gemma4ForCausalLM
 
-        m = eager(Gemma4ForCausalLM(gemma4_text_config(**GEMMA4_VARIANTS[variant])))
-        randomise(m, seed, False)
-        refs = reference(m, sequences(seed))
-        d = fresh_dir(root, "gemma4", f"hf_{variant}")
-        save_hf(m, d)
-        write_case(root, "gemma4", f"hf_{variant}", seed, "model", refs)
-        if gguf_too:
-            d = fresh_dir(root, "gemma4", f"gguf_{variant}")
-            gemma4_gguf(m, m.config, os.path.join(d, "model.gguf"))
-            write_case(root, "gemma4", f"gguf_{variant}", seed, "model.gguf", refs)
-    return run
+        return _layer_scalars(Gemma4ForCausalLM(gemma4_text_config(**GEMMA4_VARIANTS[variant])), seed)
+    return build
 
 
-def case_gemma4_wrapper(root, seed):
-    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+def build_gemma4_mm(seed):
+    def build():
+        from transformers import Gemma4Config, Gemma4ForConditionalGeneration
 
-    cfg = Gemma4Config(text_config=gemma4_text_config().to_dict())
-    m = eager(Gemma4ForConditionalGeneration(cfg))
-    randomise(m, seed, False)
-    d = fresh_dir(root, "gemma4", "hf_multimodal")
-    save_hf(m, d)
-    write_case(root, "gemma4", "hf_multimodal", seed, "model", reference(m, sequences(seed)))
+        cfg = Gemma4Config(text_config=gemma4_text_config().to_dict())
+        return _layer_scalars(Gemma4ForConditionalGeneration(_eager(cfg)), seed)
+    return build
 
+
+# ---------------------------------------------------------------- GGUF writers (llama.cpp layout)
+
+LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    # Gemma 4
+    "layer_scalar": "layer_output_scale.weight",
+    "per_layer_input_gate.weight": "inp_gate.weight",
+    "per_layer_projection.weight": "proj.weight",
+    "post_per_layer_input_norm.weight": "post_norm.weight",
+    "router.proj.weight": "ffn_gate_inp.weight",
+    "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+    "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "experts.down_proj": "ffn_down_exps.weight",
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
+}
+GLOBAL = {
+    "embed_tokens.weight": "token_embd.weight",
+    "norm.weight": "output_norm.weight",
+    "embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
+    "per_layer_model_projection.weight": "per_layer_model_proj.weight",
+    "per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
+}
+
+
+def _tensors(out, model, plus_one):
+    for name, t in model.state_dict().items():
+        if not name.startswith("model."):
+            continue  # lm_head is tied
+        rest = name[len("model."):]
+        if rest.startswith("layers."):
+            _, idx, sub = rest.split(".", 2)
+            new = f"blk.{idx}.{LAYER[sub]}"
+        else:
+            new = GLOBAL[rest]
+        a = t.detach().to(torch.float32).cpu().numpy()
+        if plus_one and name.endswith("norm.weight"):
+            a = a + 1.0  # llama.cpp's Gemma 3 converter stores 1 + w
+        out.t(new, a.reshape(1) if a.ndim == 0 else a)
+
+
+def gguf_gemma3(model, c, out):
+    import gguf
+
+    out.meta("add_context_length", c.max_position_embeddings)
+    out.meta("add_embedding_length", c.hidden_size)
+    out.meta("add_block_count", c.num_hidden_layers)
+    out.meta("add_feed_forward_length", c.intermediate_size)
+    out.meta("add_head_count", c.num_attention_heads)
+    out.meta("add_head_count_kv", c.num_key_value_heads)
+    out.meta("add_key_length", c.head_dim)
+    out.meta("add_value_length", c.head_dim)
+    out.meta("add_layer_norm_rms_eps", c.rms_norm_eps)
+    full = c.rope_parameters["full_attention"]
+    out.meta("add_rope_freq_base", float(full["rope_theta"]))
+    if full.get("rope_type") == "linear":
+        out.meta("add_rope_scaling_type", gguf.RopeScalingType.LINEAR)
+        out.meta("add_rope_scaling_factor", float(full["factor"]))
+    out.meta("add_sliding_window", c.sliding_window)
+    if c.final_logit_softcapping:
+        out.meta("add_final_logit_softcapping", float(c.final_logit_softcapping))
+    _tensors(out, model, True)
+
+
+def gguf_gemma4(model, c, out):
+    swa = [t == "sliding_attention" for t in c.layer_types]
+    n = c.num_hidden_layers
+    hd_full = c.per_layer_config[swa.index(False)].head_dim
+    hd_swa = c.per_layer_config[swa.index(True)].head_dim
+    kv = [c.per_layer_config[i].num_key_value_heads for i in range(n)]
+    full = c.rope_parameters["full_attention"]
+    n_rot = int(hd_full * full["partial_rotary_factor"] / 2)
+    ffn = [model.model.layers[i].mlp.gate_proj.weight.shape[0] for i in range(n)]
+    out.meta("add_context_length", c.max_position_embeddings)
+    out.meta("add_embedding_length", c.hidden_size)
+    out.meta("add_block_count", n)
+    out.meta("add_feed_forward_length", ffn if len(set(ffn)) > 1 else ffn[0])
+    out.meta("add_head_count", c.num_attention_heads)
+    out.meta("add_head_count_kv", kv)
+    out.meta("add_key_length", hd_full)
+    out.meta("add_value_length", hd_full)
+    out.meta("add_key_length_swa", hd_swa)
+    out.meta("add_value_length_swa", hd_swa)
+    out.meta("add_layer_norm_rms_eps", c.rms_norm_eps)
+    out.meta("add_rope_freq_base", float(full["rope_theta"]))
+    out.meta("add_rope_freq_base_swa", float(c.rope_parameters["sliding_attention"]["rope_theta"]))
+    out.meta("add_rope_dimension_count", hd_full)
+    out.meta("add_rope_dimension_count_swa", hd_swa)
+    out.meta("add_sliding_window", c.sliding_window)
+    out.meta("add_sliding_window_pattern", swa)
+    out.meta("add_shared_kv_layers", c.num_kv_shared_layers)
+    out.meta("add_embedding_length_per_layer_input", c.hidden_size_per_layer_input or 0)
+    if c.final_logit_softcapping:
+        out.meta("add_final_logit_softcapping", float(c.final_logit_softcapping))
+    if c.enable_moe_block:
+        out.meta("add_expert_count", c.num_experts)
+        out.meta("add_expert_used_count", c.top_k_experts)
+        out.meta("add_expert_feed_forward_length", c.moe_intermediate_size)
+    # "proportional" RoPE as llama.cpp writes it: divisors 1 for the rotated pairs, 1e30 after.
+    out.t("rope_freqs.weight", np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32))
+    _tensors(out, model, False)
+
+
+# ---------------------------------------------------------------- registration
+
+def _norms_zero_centred(name):
+    return True  # Gemma 3 applies every norm as (1 + w)
+
+
+def register(mg):
+    seed = getattr(mg, "SEED", 1234)
+    C = mg.Case
+    mg.add_case(C("gemma3", "gemma3", "hf-text", build_gemma3, _norms_zero_centred))
+    mg.add_case(C("gemma3_mm", "gemma3", "hf-multimodal", build_gemma3_mm, _norms_zero_centred))
+    mg.add_case(C("gemma3_gguf", "gemma3", "hf-text", build_gemma3_for_gguf, _norms_zero_centred,
+                  gguf=gguf_gemma3))
+    mg.add_case(C("gemma4", "gemma4", "hf-text", build_gemma4("dense", seed), gguf=gguf_gemma4))
+    mg.add_case(C("gemma4_moe", "gemma4", "hf-text", build_gemma4("moe", seed), gguf=gguf_gemma4))
+    mg.add_case(C("gemma4_e4b", "gemma4", "hf-text", build_gemma4("e4b", seed), gguf=gguf_gemma4))
+    mg.add_case(C("gemma4_mm", "gemma4", "hf-multimodal", build_gemma4_mm(seed)))
+
+
+# ---------------------------------------------------------------- MTP assistant
 
 @torch.no_grad()
-def case_gemma4_assistant(root, seed):
+def assistant_case(mg, out_root: Path, seed: int):
+    import transformers
     from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4ForCausalLM
 
-    target = eager(Gemma4ForCausalLM(gemma4_text_config()))
-    randomise(target, seed, False)
+    torch.manual_seed(seed)
+    target = _layer_scalars(Gemma4ForCausalLM(gemma4_text_config()), seed).eval()
+    mg.randomize(target, seed, lambda n: False)
     acfg = Gemma4AssistantConfig(
         text_config=gemma4_text_config(
             hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -407,82 +314,84 @@ def case_gemma4_assistant(root, seed):
         ).to_dict(),
         backbone_hidden_size=48, use_ordered_embeddings=False,
     )
-    asst = eager(Gemma4AssistantForCausalLM(acfg))
-    asst.model.config._attn_implementation = "eager"
-    randomise(asst, seed + 1, False)
-    d = fresh_dir(root, "gemma4-assistant", "hf")
-    save_hf(target, os.path.join(d, "target"))
-    os.rename(os.path.join(d, "target", "model"), os.path.join(d, "target_model"))
-    os.rmdir(os.path.join(d, "target"))
-    save_hf(asst, d)
-    seqs = sequences(seed)
-    out = []
-    for ids in seqs:
+    asst = _layer_scalars(Gemma4AssistantForCausalLM(_eager(acfg)), seed + 1).eval()
+    mg.randomize(asst, seed + 1, lambda n: False)
+    d = out_root / "models" / "gemma4_assistant"
+    target.save_pretrained(d / "target", safe_serialization=True)
+    asst.save_pretrained(d / "hf", safe_serialization=True)
+    seqs = []
+    # prompts longer than the sliding window + 1, so the assistant's window matters
+    for ids in [s for s in mg.SEQUENCES if len(s) > 6]:
         x = torch.tensor([ids])
         base = target.model(input_ids=x, use_cache=False, return_shared_kv_states=True)
         kv = base.shared_kv_states
-        h = base.last_hidden_state[:, -1:]
-        tgt_logits = target(input_ids=x, use_cache=False).logits[0, -1]
-        tok = int(tgt_logits.argmax())
-        pos = len(ids)
+        h = base.last_hidden_state[:, -1:]  # post-final-norm
+        tgt = target(input_ids=x, use_cache=False).logits[0, -1]
+        tok, pos = int(tgt.argmax()), len(ids)
         steps = []
         for _ in range(3):
-            emb = target.model.embed_tokens(torch.tensor([[tok]]))
+            emb = target.model.embed_tokens(torch.tensor([[tok]]))  # scaled by sqrt(hidden)
             o = asst(inputs_embeds=torch.cat([emb, h], dim=-1), position_ids=torch.tensor([[pos]]),
                      shared_kv_states=kv)
             logits = o.logits[0, -1]
             steps.append({"token": tok, "position": pos, "logits": logits.tolist(),
                           "hidden": o.last_hidden_state[0, -1].tolist()})
-            tok, h = int(logits.argmax()), o.last_hidden_state
-        out.append({"ids": ids, "target_last_logits": tgt_logits.tolist(), "draft_steps": steps})
-    doc = {"arch": "gemma4-assistant", "case": "hf", "seed": seed, "tolerance": TOLERANCE,
-           "reference": "transformers 5.17.0 Gemma4AssistantForCausalLM, float32, CPU, eager; "
-                        "target Gemma4ForCausalLM; inputs as Gemma4AssistantCandidateGenerator builds them",
-           "dtype": "float32", "checkpoint": "model", "target": "target_model", "sequences": out}
-    with open(os.path.join(d, "reference.json"), "w") as f:
-        json.dump(doc, f, separators=(",", ":"))
+            tok, h = int(logits.argmax()), o.last_hidden_state  # position stays, as in HF
+        seqs.append({"tokens": ids, "target_last_logits": tgt.tolist(), "draft_steps": steps})
+    golden = {
+        "case": "gemma4_assistant",
+        "arch": "gemma4-assistant",
+        "kind": "mtp-assistant",
+        "layout": "hf-text",
+        "hf_class": type(asst).__name__,
+        "target": "target",
+        "gguf": None,
+        "tolerance": mg.TOLERANCE,
+        "metric": mg.METRIC,
+        "provenance": {
+            "reference": "HF transformers, CPU, float32, eager attention; inputs as "
+                         "Gemma4AssistantCandidateGenerator builds them",
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "seed": seed,
+            "script": "golden/gemma_cases.py",
+        },
+        "sequences": seqs,
+    }
+    (d / "golden.json").write_text(json.dumps(golden, separators=(",", ":")) + "\n")
 
 
-CASES = [
-    ("gemma3/hf_text", case_gemma3_text, 301),
-    ("gemma3/hf_multimodal", case_gemma3_multimodal, 302),
-    ("gemma3/gguf", case_gemma3_gguf, 303),
-    ("gemma4/dense", case_gemma4("dense", True), 401),
-    ("gemma4/moe", case_gemma4("moe", True), 402),
-    ("gemma4/e4b", case_gemma4("e4b", True), 403),
-    ("gemma4/hf_multimodal", case_gemma4_wrapper, 404),
-    ("gemma4-assistant/hf", case_gemma4_assistant, 501),
-]
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import make_golden as mg  # noqa: E402
 
-
-def build_case(name, root):
-    for n, fn, seed in CASES:
-        if n == name:
-            torch.manual_seed(seed)
-            fn(root, seed)
-            return
-    raise KeyError(name)
-
-
-def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "models")
-    filt = sys.argv[2] if len(sys.argv) > 2 else ""
-    torch.set_grad_enabled(False)
+    register(mg)
+    out = Path(args.out)
+    only = {s for s in args.only.split(",") if s}
     failed = []
-    for name, _, _ in CASES:
-        if filt not in name:
+    for case in mg.CASES:
+        if not case.name.startswith("gemma") or (only and case.name not in only):
             continue
         try:
-            build_case(name, root)
-            print("ok", name, flush=True)
-        except Exception as e:  # keep going: report every failing case at the end
-            import traceback
+            info = mg.run_case(case, out, mg.SEED)
+            print(f"ok   {case.name}: {info['params']} parameters", flush=True)
+        except Exception:
+            failed.append(case.name)
             traceback.print_exc()
-            failed.append(f"{name}: {e!r}")
-    if failed:
-        print("FAILED:\n" + "\n".join(failed))
-        sys.exit(1)
+    if not only or "gemma4_assistant" in only:
+        try:
+            assistant_case(mg, out, mg.SEED + 7)
+            print("ok   gemma4_assistant", flush=True)
+        except Exception:
+            failed.append("gemma4_assistant")
+            traceback.print_exc()
+    print("failed:", failed)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

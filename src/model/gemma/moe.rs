@@ -16,6 +16,31 @@ use super::weights::{layer_name, me, slice_rows, Loader};
 use crate::backend::{Activation, Backend, Norm};
 use crate::model::ModelError;
 
+/// Softmax over all `e` experts, top-k (highest first; the lower index wins a tie, as
+/// torch.topk does), renormalise the k probabilities, multiply by the expert's scale.
+pub fn route_rows(logits: &[f32], e: usize, k: usize, scale: &[f32]) -> Vec<Vec<(usize, f32)>> {
+    logits
+        .chunks_exact(e)
+        .map(|row| {
+            let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let ex: Vec<f32> = row.iter().map(|v| (v - m).exp()).collect();
+            let z: f32 = ex.iter().sum();
+            let mut idx: Vec<usize> = (0..e).collect();
+            idx.sort_by(|&a, &b| {
+                ex[b]
+                    .partial_cmp(&ex[a])
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then(a.cmp(&b))
+            });
+            idx.truncate(k);
+            let sel: f32 = idx.iter().map(|&i| ex[i] / z).sum();
+            idx.into_iter()
+                .map(|i| (i, ex[i] / z / sel * scale[i]))
+                .collect()
+        })
+        .collect()
+}
+
 pub struct Expert<B: Backend> {
     pub gate: B::Weight,
     pub up: B::Weight,
@@ -117,28 +142,12 @@ impl<B: Backend> MoeBlock<B> {
 
     /// Routing weights per token: `(expert, weight)` pairs, k per row of `logits` (`[n, E]`).
     pub fn route(&self, logits: &[f32]) -> Vec<Vec<(usize, f32)>> {
-        let e = self.spec.n_experts;
-        logits
-            .chunks_exact(e)
-            .map(|row| {
-                let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                let ex: Vec<f32> = row.iter().map(|v| (v - m).exp()).collect();
-                let z: f32 = ex.iter().sum();
-                let mut idx: Vec<usize> = (0..e).collect();
-                // Highest probability first; the lower index wins a tie (as torch.topk does).
-                idx.sort_by(|&a, &b| {
-                    ex[b]
-                        .partial_cmp(&ex[a])
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                        .then(a.cmp(&b))
-                });
-                idx.truncate(self.spec.top_k);
-                let sel: f32 = idx.iter().map(|&i| ex[i] / z).sum();
-                idx.into_iter()
-                    .map(|i| (i, ex[i] / z / sel * self.expert_scale[i]))
-                    .collect()
-            })
-            .collect()
+        route_rows(
+            logits,
+            self.spec.n_experts,
+            self.spec.top_k,
+            &self.expert_scale,
+        )
     }
 
     /// The expert half of the block for `x` (the FFN input residual, `[n, hidden]`); returns
@@ -192,5 +201,23 @@ impl<B: Backend> MoeBlock<B> {
         let out = be.tensor(&out, n, hidden).map_err(me)?;
         be.rms_norm(&out, norm(&self.post_norm_2), eps, hidden)
             .map_err(me)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The routing rule alone (softmax over all experts, top-k, renormalise, per-expert scale),
+    /// checked on numbers worked by hand.
+    #[test]
+    fn routing_weights() {
+        let logits = [0.0f32, (2.0f32).ln(), (3.0f32).ln(), f32::NEG_INFINITY];
+        // probabilities 1/6, 2/6, 3/6, 0 -> top-2 = experts 2, 1 -> renormalised 3/5, 2/5
+        let scale = [1.0f32, 10.0, 0.5, 1.0];
+        let r = super::route_rows(&logits, 4, 2, &scale);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0][0].0, 2);
+        assert!((r[0][0].1 - 0.6 * 0.5).abs() < 1e-6);
+        assert_eq!(r[0][1].0, 1);
+        assert!((r[0][1].1 - 0.4 * 10.0).abs() < 1e-6);
     }
 }

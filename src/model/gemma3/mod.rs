@@ -228,8 +228,8 @@ fn from_hf(
     let n = config::req_ju(ARCH, c, "num_hidden_layers")?;
     let hidden = config::req_ju(ARCH, c, "hidden_size")?;
     let n_heads = config::req_ju(ARCH, c, "num_attention_heads")?;
-    let n_kv = config::ju(c, "num_key_value_heads").unwrap_or(n_heads);
-    let hd = config::ju(c, "head_dim").unwrap_or(hidden / n_heads);
+    let n_kv = config::ju(c, "num_key_value_heads").unwrap_or(4); // HF Gemma3TextConfig defaults
+    let hd = config::ju(c, "head_dim").unwrap_or(256);
     if config::jb(c, "use_bidirectional_attention") == Some(true) {
         return Err(bad(
             ARCH,

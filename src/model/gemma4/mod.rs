@@ -295,7 +295,7 @@ pub(crate) fn from_hf(
     }
     let k_eq_v = config::jb(c, "attention_k_eq_v").unwrap_or(false);
     let hd_swa = config::ju(c, "head_dim").unwrap_or(256);
-    let kv_swa = config::ju(c, "num_key_value_heads").unwrap_or(n_heads);
+    let kv_swa = config::ju(c, "num_key_value_heads").unwrap_or(4); // HF Gemma4TextConfig default
     let hd_full_default = config::ju(c, "global_head_dim").unwrap_or(512);
     let kv_full_default = match config::ju(c, "num_global_key_value_heads") {
         Some(k) if k_eq_v => k,
@@ -383,4 +383,24 @@ pub(crate) fn from_hf(
         layers,
         max_context: context_limit(max_context, config::ju(c, "max_position_embeddings")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_sharing_reads_the_last_unshared_layer_of_the_same_type() {
+        // s s f s s f s f with the last 3 shared: 5 (f) -> 2, 6 (s) -> 4, 7 (f) -> 2
+        let sliding = [true, true, false, true, true, false, true, false];
+        let src = kv_sources(&sliding, 3).unwrap();
+        assert_eq!(
+            src,
+            vec![None, None, None, None, None, Some(2), Some(4), Some(2)]
+        );
+        assert_eq!(kv_sources(&sliding, 0).unwrap(), vec![None; 8]);
+        // a shared full layer with no full layer before the shared block
+        assert!(kv_sources(&[true, false], 1).is_err());
+        assert!(kv_sources(&[true], 2).is_err());
+    }
 }
