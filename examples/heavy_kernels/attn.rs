@@ -78,7 +78,7 @@ fn run_case(gpu: &Gpu, c: &Case, rng: &mut StdRng, time: bool) -> Result<(f64, f
     launch(&mut po, &mut pml, &mut out)?;
     let got = gpu.download(&out)?;
     let err = rel_err(&got, &want);
-    let us = if time { gpu.time_ms(20, 5, |_| launch(&mut po, &mut pml, &mut out))? * 1e3 } else { 0.0 };
+    let us = if time { gpu.time_graph(20, 10, |_| launch(&mut po, &mut pml, &mut out))? * 1e3 } else { 0.0 };
     Ok((err, us))
 }
 

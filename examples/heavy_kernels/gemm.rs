@@ -68,7 +68,7 @@ fn case(gpu: &Gpu, fp8: bool, m: usize, n: usize, k: usize, rng: &mut StdRng) ->
     let want = reference(&adec, &wdec, n, k, &rows);
     let got_rows: Vec<f32> = rows.iter().flat_map(|&r| got[r * n..(r + 1) * n].to_vec()).collect();
     let err = rel_err(&got_rows, &want).max(if got.iter().all(|v| v.is_finite()) { 0.0 } else { f64::INFINITY });
-    let us = gpu.time_ms(10, 5, |_| launch(gpu, &f, &da, &dw, &mut c, m, n, k, &dws, &das))? * 1e3;
+    let us = gpu.time_graph(10, 10, |_| launch(gpu, &f, &da, &dw, &mut c, m, n, k, &dws, &das))? * 1e3;
     Ok((err, us))
 }
 

@@ -29,7 +29,7 @@ impl Gpu {
             (a, b) => format!("sm_{a}{b}"),
         };
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
-        let stream = ctx.default_stream();
+        let stream = ctx.new_stream()?; // capturable (the legacy default stream is not)
         Ok(Self { ctx, stream, arch, sms, ptx_dir })
     }
 
@@ -74,6 +74,45 @@ impl Gpu {
         }
         times.sort_by(|x, y| x.total_cmp(y));
         Ok(times[times.len() / 2])
+    }
+}
+
+impl Gpu {
+    /// Median milliseconds per call of `calls` launches captured into one CUDA graph, replayed
+    /// `samples` times (what a decode step does; host launch cost stays out of the number).
+    pub fn time_graph(&self, samples: usize, calls: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+        self.stream.synchronize()?;
+        self.stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let mut res = Ok(());
+        for i in 0..calls {
+            res = f(i);
+            if res.is_err() {
+                break;
+            }
+        }
+        let graph = self.stream.end_capture(sys::CUgraphInstantiate_flags(0))?;
+        res?;
+        let graph = graph.ok_or_else(|| anyhow::anyhow!("empty graph"))?;
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        for _ in 0..3 {
+            graph.launch()?;
+        }
+        let mut times = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let a = self.ctx.new_event(flags)?;
+            let b = self.ctx.new_event(flags)?;
+            a.record(&self.stream)?;
+            graph.launch()?;
+            b.record(&self.stream)?;
+            times.push(a.elapsed_ms(&b)? as f64 / calls as f64);
+        }
+        times.sort_by(|x, y| x.total_cmp(y));
+        Ok(times[times.len() / 2])
+    }
+
+    /// Registers and local (spill) bytes of a function, for the bench notes.
+    pub fn regs(&self, f: &CudaFunction) -> String {
+        format!("{} regs, {} B local", f.num_regs().unwrap_or(-1), f.local_size_bytes().unwrap_or(-1))
     }
 }
 

@@ -73,7 +73,7 @@ pub fn checks(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
         }
         if rep == 0 {
             first = all;
-            us = gpu.time_ms(10, 1, |_| {
+            us = gpu.time_graph(5, 2, |_| {
                 let mut l = gpu.stream.launch_builder(&f);
                 l.arg(&dl).arg(&vv).arg(&dp).arg(&mut counters).arg(&mut out);
                 // SAFETY: as above.
@@ -84,6 +84,22 @@ pub fn checks(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
             mismatch += 1000; // not reproducible run to run
         }
     }
+    // one row alone (what a batch-1 decode step pays): top-p only (the most passes), and k+p+min-p
+    let mut single = Vec::new();
+    for r in [3usize, 6] {
+        let d1 = gpu.upload(&logits[r * v..(r + 1) * v])?;
+        let p1 = gpu.upload(&[Params(params[r].temperature, params[r].top_k, params[r].top_p, params[r].min_p, params[r].seed)])?;
+        let mut c1 = gpu.upload(&[0u32])?;
+        let mut o1 = gpu.upload(&[0i32])?;
+        let t = gpu.time_graph(10, 2, |_| {
+            let mut l = gpu.stream.launch_builder(&f);
+            l.arg(&d1).arg(&vv).arg(&p1).arg(&mut c1).arg(&mut o1);
+            // SAFETY: as above, one row.
+            unsafe { l.launch(cfg((1, 1, 1), 1024)) }?;
+            Ok(())
+        })?;
+        single.push(format!("{:.0}", t * 1e3));
+    }
     let draws = rows_n * steps as usize;
     // a draw may differ from the CPU twin only where exp() rounding moves a boundary: allow 2%
     let bad = outside as f64 + (mismatch as f64 - (draws as f64 * 0.02)).max(0.0);
@@ -92,7 +108,7 @@ pub fn checks(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
         err: bad,
         bound: 0.0,
         us,
-        note: format!("V={v}, {draws} draws: {mismatch} differ from CPU twin, {outside} outside kept set; us = all 64 rows, mixed settings"),
+        note: format!("V={v}, {draws} draws: {mismatch} differ from CPU twin, {outside} outside kept set; us = all 64 rows, mixed settings; one row alone: top-p {} us, k+p+min-p {} us", single[0], single[1]),
     });
     Ok(())
 }
