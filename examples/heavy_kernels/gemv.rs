@@ -52,7 +52,11 @@ pub fn random_weights(ty: GgmlType, n: usize, k: usize, rng: &mut StdRng) -> Vec
         _ => {
             rng.fill(&mut w[..]);
             let (_, bb) = ty.block();
-            let h = |rng: &mut StdRng, lo: f32, hi: f32| f16::from_f32(lo + (hi - lo) * rng.random::<f32>()).to_bits().to_le_bytes();
+            let h = |rng: &mut StdRng, lo: f32, hi: f32| {
+                f16::from_f32(lo + (hi - lo) * rng.random::<f32>())
+                    .to_bits()
+                    .to_le_bytes()
+            };
             for b in w.chunks_exact_mut(bb) {
                 match ty {
                     GgmlType::Q4K => {
@@ -90,7 +94,14 @@ pub fn launch_gemv(
     Ok(())
 }
 
-pub fn launch_quantize(gpu: &Gpu, f: &cudarc::driver::CudaFunction, x: &CudaSlice<f32>, xq: &mut CudaSlice<i8>, xds: &mut CudaSlice<f32>, len: usize) -> Result<()> {
+pub fn launch_quantize(
+    gpu: &Gpu,
+    f: &cudarc::driver::CudaFunction,
+    x: &CudaSlice<f32>,
+    xq: &mut CudaSlice<i8>,
+    xds: &mut CudaSlice<f32>,
+    len: usize,
+) -> Result<()> {
     let groups = (len / 32) as i32;
     let grid = ((len / 32).div_ceil(8)).min(65535) as u32;
     let mut b = gpu.stream.launch_builder(f);
@@ -120,13 +131,27 @@ pub fn checks(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
                 mism += 1;
             }
         }
-        let us = gpu.time_graph(20, 10, |_| launch_quantize(gpu, &qf, &dx, &mut xq, &mut xds, len))? * 1e3;
-        rows.push(Row { name: "quantize_q8_1".into(), err: mism as f64, bound: 0.0, us, note: format!("{len} values, mismatches vs CPU") });
+        let us = gpu.time_graph(20, 10, |_| {
+            launch_quantize(gpu, &qf, &dx, &mut xq, &mut xds, len)
+        })? * 1e3;
+        rows.push(Row {
+            name: "quantize_q8_1".into(),
+            err: mism as f64,
+            bound: 0.0,
+            us,
+            note: format!("{len} values, mismatches vs CPU"),
+        });
     }
     for (qname, ty) in QUANTS {
         let is_k = matches!(ty, GgmlType::Q4K | GgmlType::Q6K);
         // shapes chosen so row starts are not 16-byte aligned and n is not a multiple of 4 warps
-        let shapes: &[(usize, usize)] = if is_k { &[(1001, 3840), (64, 10240)] } else if ty.block().0 == 1 { &[(1001, 1184), (77, 1187)] } else { &[(1001, 1184), (67, 8192)] };
+        let shapes: &[(usize, usize)] = if is_k {
+            &[(1001, 3840), (64, 10240)]
+        } else if ty.block().0 == 1 {
+            &[(1001, 1184), (77, 1187)]
+        } else {
+            &[(1001, 1184), (67, 8192)]
+        };
         for &bs in &BATCHES {
             let f = gpu.function(&format!("gemv_{qname}_bs{bs}"))?;
             let mut worst = 0f64;
@@ -143,7 +168,12 @@ pub fn checks(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
                     (a.qs.clone(), ds, dequantize_q8_1(&a))
                 };
                 let want = gemv_ref(ty, &w, n, k, &xref)?;
-                let (dw, dx, dxq, dxds) = (gpu.upload(&w)?, gpu.upload(&x)?, gpu.upload(&xq_h)?, gpu.upload(&xds_h)?);
+                let (dw, dx, dxq, dxds) = (
+                    gpu.upload(&w)?,
+                    gpu.upload(&x)?,
+                    gpu.upload(&xq_h)?,
+                    gpu.upload(&xds_h)?,
+                );
                 let mut y = gpu.poisoned(bs * n)?;
                 let grid = n.div_ceil(4) as u32;
                 launch_gemv(gpu, &f, &dw, &dx, &dxq, &dxds, &mut y, n, k, grid)?;
@@ -153,10 +183,18 @@ pub fn checks(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
                 let mut y2 = gpu.poisoned(bs * n)?;
                 launch_gemv(gpu, &f, &dw, &dx, &dxq, &dxds, &mut y2, n, k, 3)?;
                 worst = worst.max(rel_err(&gpu.download(&y2)?, &want));
-                us = gpu.time_graph(10, 20, |_| launch_gemv(gpu, &f, &dw, &dx, &dxq, &dxds, &mut y, n, k, grid))? * 1e3;
+                us = gpu.time_graph(10, 20, |_| {
+                    launch_gemv(gpu, &f, &dw, &dx, &dxq, &dxds, &mut y, n, k, grid)
+                })? * 1e3;
             }
             let (n, k) = shapes[0];
-            rows.push(Row { name: format!("gemv_{qname}_bs{bs}"), err: worst, bound: 2e-4, us, note: format!("n={n} k={k} (+{:?})", &shapes[1..]) });
+            rows.push(Row {
+                name: format!("gemv_{qname}_bs{bs}"),
+                err: worst,
+                bound: 2e-4,
+                us,
+                note: format!("n={n} k={k} (+{:?})", &shapes[1..]),
+            });
         }
         if matches!(ty, GgmlType::Q4_0 | GgmlType::Q4K | GgmlType::Q8_0) {
             for v in VARIANTS {
@@ -168,14 +206,25 @@ pub fn checks(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
                     let a = quantize_q8_1(&x)?;
                     let ds: Vec<f32> = a.d.iter().zip(&a.s).flat_map(|(&d, &s)| [d, s]).collect();
                     let want = gemv_ref(ty, &w, n, k, &dequantize_q8_1(&a))?;
-                    let (dw, dx, dxq, dxds) = (gpu.upload(&w)?, gpu.upload(&x)?, gpu.upload(&a.qs)?, gpu.upload(&ds)?);
+                    let (dw, dx, dxq, dxds) = (
+                        gpu.upload(&w)?,
+                        gpu.upload(&x)?,
+                        gpu.upload(&a.qs)?,
+                        gpu.upload(&ds)?,
+                    );
                     for grid in [n.div_ceil(4) as u32, 3] {
                         let mut y = gpu.poisoned(n)?;
                         launch_gemv(gpu, &f, &dw, &dx, &dxq, &dxds, &mut y, n, k, grid)?;
                         worst = worst.max(rel_err(&gpu.download(&y)?, &want));
                     }
                 }
-                rows.push(Row { name: format!("gemv_{qname}_bs1_{v}"), err: worst, bound: 2e-4, us: 0.0, note: "tuning variant".into() });
+                rows.push(Row {
+                    name: format!("gemv_{qname}_bs1_{v}"),
+                    err: worst,
+                    bound: 2e-4,
+                    us: 0.0,
+                    note: "tuning variant".into(),
+                });
             }
         }
     }
@@ -203,15 +252,29 @@ pub fn bench(gpu: &Gpu) -> Result<Vec<String>> {
     })?;
     let read_bw = bytes as f64 / read_ms / 1e6;
     drop(dst);
-    out.push(format!("device copy: {:.0} GB/s (2 GiB, read+write counted); read kernel: {:.0} GB/s (2 GiB read)", copy_bw, read_bw));
+    out.push(format!(
+        "device copy: {:.0} GB/s (2 GiB, read+write counted); read kernel: {:.0} GB/s (2 GiB read)",
+        copy_bw, read_bw
+    ));
     let peak = read_bw.max(copy_bw);
-    out.push(format!("reference bandwidth = max of the two = {:.0} GB/s", peak));
+    out.push(format!(
+        "reference bandwidth = max of the two = {:.0} GB/s",
+        peak
+    ));
     out.push("GEMV y[12288] = W[12288 x 4096] . x[4096] (PyTorch shape [out=12288, in=4096]); bytes = weight bytes only; median of 30 CUDA-graph replays, each of as many launches as weight copies (>= 480 MB, L2 60 MB), per launch".into());
     out.push("| kernel | weight MB | grid | median us | GB/s | % of ref | regs |".into());
     out.push("|---|---|---|---|---|---|---|".into());
     let (n, k) = (12288usize, 4096usize);
     let mut rng = StdRng::seed_from_u64(7);
-    for (qname, ty) in [("q4_0", GgmlType::Q4_0), ("q4_k", GgmlType::Q4K), ("q8_0", GgmlType::Q8_0), ("q6_k", GgmlType::Q6K), ("q5_0", GgmlType::Q5_0), ("f16", GgmlType::F16), ("bf16", GgmlType::BF16)] {
+    for (qname, ty) in [
+        ("q4_0", GgmlType::Q4_0),
+        ("q4_k", GgmlType::Q4K),
+        ("q8_0", GgmlType::Q8_0),
+        ("q6_k", GgmlType::Q6K),
+        ("q5_0", GgmlType::Q5_0),
+        ("f16", GgmlType::F16),
+        ("bf16", GgmlType::BF16),
+    ] {
         let w1 = random_weights(ty, n, k, &mut rng);
         let wb = w1.len();
         // enough copies that the set is >= 8x L2 (60 MB) so no launch finds its weights cached
@@ -228,14 +291,40 @@ pub fn bench(gpu: &Gpu) -> Result<Vec<String>> {
         let (dx, dxq, dxds) = (gpu.upload(&x)?, gpu.upload(&a.qs)?, gpu.upload(&ds)?);
         let mut y = gpu.poisoned(n)?;
         let tuned = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4K | GgmlType::Q8_0);
-        let variants: Vec<String> = if tuned { std::iter::once(String::new()).chain(VARIANTS.iter().map(|v| format!("_{v}"))).collect() } else { vec![String::new()] };
+        let variants: Vec<String> = if tuned {
+            std::iter::once(String::new())
+                .chain(VARIANTS.iter().map(|v| format!("_{v}")))
+                .collect()
+        } else {
+            vec![String::new()]
+        };
         for v in variants {
             let name = format!("gemv_{qname}_bs1{v}");
             let f = gpu.function(&name)?;
             for grid in [n.div_ceil(4) as u32, gpu.sms * 4, gpu.sms * 8] {
-                let ms = gpu.time_graph(30, copies, |i| launch_gemv(gpu, &f, &ws[i % copies], &dx, &dxq, &dxds, &mut y, n, k, grid))?;
+                let ms = gpu.time_graph(30, copies, |i| {
+                    launch_gemv(
+                        gpu,
+                        &f,
+                        &ws[i % copies],
+                        &dx,
+                        &dxq,
+                        &dxds,
+                        &mut y,
+                        n,
+                        k,
+                        grid,
+                    )
+                })?;
                 let gbs = wb as f64 / ms / 1e6;
-                out.push(format!("| {name} | {:.1} | {grid} | {:.2} | {:.0} | {:.1}% | {} |", wb as f64 / 1e6, ms * 1e3, gbs, 100.0 * gbs / peak, gpu.regs(&f)));
+                out.push(format!(
+                    "| {name} | {:.1} | {grid} | {:.2} | {:.0} | {:.1}% | {} |",
+                    wb as f64 / 1e6,
+                    ms * 1e3,
+                    gbs,
+                    100.0 * gbs / peak,
+                    gpu.regs(&f)
+                ));
             }
         }
     }

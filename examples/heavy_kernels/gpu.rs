@@ -3,7 +3,9 @@
 //! `kernel-templates/tools/render_check.py` until the codegen registry serves them), timing.
 
 use anyhow::{Context, Result};
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+};
 use cudarc::nvrtc::Ptx;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,16 +30,30 @@ impl Gpu {
             (12, 1) => "sm_121a".to_string(),
             (a, b) => format!("sm_{a}{b}"),
         };
-        let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as u32;
         let stream = ctx.new_stream()?; // capturable (the legacy default stream is not)
-        Ok(Self { ctx, stream, arch, sms, ptx_dir })
+        Ok(Self {
+            ctx,
+            stream,
+            arch,
+            sms,
+            ptx_dir,
+        })
     }
 
     pub fn function(&self, entry: &str) -> Result<CudaFunction> {
         let path = self.ptx_dir.join(format!("{entry}.{}.ptx", self.arch));
-        let src = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let module = self.ctx.load_module(Ptx::from_src(src)).with_context(|| format!("loading {entry}"))?;
-        module.load_function(entry).with_context(|| format!("function {entry}"))
+        let src = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_src(src))
+            .with_context(|| format!("loading {entry}"))?;
+        module
+            .load_function(entry)
+            .with_context(|| format!("function {entry}"))
     }
 
     pub fn upload<T: DeviceRepr>(&self, v: &[T]) -> Result<CudaSlice<T>> {
@@ -54,7 +70,12 @@ impl Gpu {
     }
 
     /// Median milliseconds of `samples` runs of `f`, each run enclosing `per` calls.
-    pub fn time_ms(&self, samples: usize, per: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    pub fn time_ms(
+        &self,
+        samples: usize,
+        per: usize,
+        mut f: impl FnMut(usize) -> Result<()>,
+    ) -> Result<f64> {
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         for i in 0..3 {
             f(i)?;
@@ -80,9 +101,15 @@ impl Gpu {
 impl Gpu {
     /// Median milliseconds per call of `calls` launches captured into one CUDA graph, replayed
     /// `samples` times (what a decode step does; host launch cost stays out of the number).
-    pub fn time_graph(&self, samples: usize, calls: usize, mut f: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    pub fn time_graph(
+        &self,
+        samples: usize,
+        calls: usize,
+        mut f: impl FnMut(usize) -> Result<()>,
+    ) -> Result<f64> {
         self.stream.synchronize()?;
-        self.stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
         let mut res = Ok(());
         for i in 0..calls {
             res = f(i);
@@ -112,12 +139,20 @@ impl Gpu {
 
     /// Registers and local (spill) bytes of a function, for the bench notes.
     pub fn regs(&self, f: &CudaFunction) -> String {
-        format!("{} regs, {} B local", f.num_regs().unwrap_or(-1), f.local_size_bytes().unwrap_or(-1))
+        format!(
+            "{} regs, {} B local",
+            f.num_regs().unwrap_or(-1),
+            f.local_size_bytes().unwrap_or(-1)
+        )
     }
 }
 
 pub fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// One row of the table: instance, error, bound, microseconds.
@@ -140,6 +175,12 @@ pub fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     if got.len() != want.len() || got.iter().any(|v| !v.is_finite()) {
         return f64::INFINITY;
     }
-    let scale = want.iter().fold(0f64, |m, &v| m.max(v.abs() as f64)).max(1e-30);
-    got.iter().zip(want).fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs())) / scale
+    let scale = want
+        .iter()
+        .fold(0f64, |m, &v| m.max(v.abs() as f64))
+        .max(1e-30);
+    got.iter()
+        .zip(want)
+        .fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()))
+        / scale
 }

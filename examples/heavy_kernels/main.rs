@@ -28,14 +28,24 @@ fn main() -> Result<()> {
     let g = gpu::Gpu::new(ptx)?;
     println!("device: {} ({}, {} SMs)", g.ctx.name()?, g.arch, g.sms);
     let mut rows = Vec::new();
-    let sections: [(&str, fn(&gpu::Gpu, &mut Vec<gpu::Row>) -> Result<()>); 4] =
-        [("gemv", gemv::checks), ("attn", attn::checks), ("sample", sample::checks), ("gemm", gemm::checks)];
+    let sections: [(&str, fn(&gpu::Gpu, &mut Vec<gpu::Row>) -> Result<()>); 4] = [
+        ("gemv", gemv::checks),
+        ("attn", attn::checks),
+        ("sample", sample::checks),
+        ("gemm", gemm::checks),
+    ];
     for (name, f) in sections {
         if !only.is_empty() && !name.contains(&only) {
             continue;
         }
         if let Err(e) = f(&g, &mut rows) {
-            rows.push(gpu::Row { name: format!("{name} (section)"), err: f64::INFINITY, bound: 0.0, us: 0.0, note: format!("error: {e:#}") });
+            rows.push(gpu::Row {
+                name: format!("{name} (section)"),
+                err: f64::INFINITY,
+                bound: 0.0,
+                us: 0.0,
+                note: format!("error: {e:#}"),
+            });
         }
     }
     println!("| instance | max rel err | bound | pass | us | case |");
@@ -43,7 +53,15 @@ fn main() -> Result<()> {
     let mut ok = true;
     for r in &rows {
         ok &= r.pass();
-        println!("| {} | {:.2e} | {:.0e} | {} | {:.2} | {} |", r.name, r.err, r.bound, if r.pass() { "PASS" } else { "FAIL" }, r.us, r.note);
+        println!(
+            "| {} | {:.2e} | {:.0e} | {} | {:.2} | {} |",
+            r.name,
+            r.err,
+            r.bound,
+            if r.pass() { "PASS" } else { "FAIL" },
+            r.us,
+            r.note
+        );
     }
     if bench {
         match gemv::bench(&g) {

@@ -18,22 +18,84 @@ pub fn checks(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
     let f = gpu.function("sample")?;
     let v = 262_144usize;
     let settings: Vec<SampleParams> = vec![
-        SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 1 },
-        SampleParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 2 },
-        SampleParams { temperature: 0.7, top_k: 40, top_p: 1.0, min_p: 0.0, seed: 3 },
-        SampleParams { temperature: 0.8, top_k: 0, top_p: 0.9, min_p: 0.0, seed: 4 },
-        SampleParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.05, seed: 5 },
-        SampleParams { temperature: 0.6, top_k: 20, top_p: 0.95, min_p: 0.0, seed: 6 },
-        SampleParams { temperature: 1.5, top_k: 64, top_p: 0.8, min_p: 0.02, seed: 7 },
-        SampleParams { temperature: 1.0, top_k: 1, top_p: 1.0, min_p: 0.0, seed: 8 },
+        SampleParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 1,
+        },
+        SampleParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 2,
+        },
+        SampleParams {
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 3,
+        },
+        SampleParams {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 0.9,
+            min_p: 0.0,
+            seed: 4,
+        },
+        SampleParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.05,
+            seed: 5,
+        },
+        SampleParams {
+            temperature: 0.6,
+            top_k: 20,
+            top_p: 0.95,
+            min_p: 0.0,
+            seed: 6,
+        },
+        SampleParams {
+            temperature: 1.5,
+            top_k: 64,
+            top_p: 0.8,
+            min_p: 0.02,
+            seed: 7,
+        },
+        SampleParams {
+            temperature: 1.0,
+            top_k: 1,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 8,
+        },
     ];
     let rows_n = 64usize;
-    let params: Vec<SampleParams> = (0..rows_n).map(|i| SampleParams { seed: 1000 + i as u64, ..settings[i % settings.len()] }).collect();
-    let logits: Vec<f32> = (0..rows_n * v).map(|_| (rng.random::<f32>() - 0.5) * 12.0).collect();
+    let params: Vec<SampleParams> = (0..rows_n)
+        .map(|i| SampleParams {
+            seed: 1000 + i as u64,
+            ..settings[i % settings.len()]
+        })
+        .collect();
+    let logits: Vec<f32> = (0..rows_n * v)
+        .map(|_| (rng.random::<f32>() - 0.5) * 12.0)
+        .collect();
     let dl = gpu.upload(&logits)?;
-    let dp = gpu.upload(&params.iter().map(|p| Params(p.temperature, p.top_k, p.top_p, p.min_p, p.seed)).collect::<Vec<_>>())?;
+    let dp = gpu.upload(
+        &params
+            .iter()
+            .map(|p| Params(p.temperature, p.top_k, p.top_p, p.min_p, p.seed))
+            .collect::<Vec<_>>(),
+    )?;
     let (vv, steps) = (v as i32, 4u32);
-    let kept_w: Vec<Option<Vec<u64>>> = (0..rows_n).map(|r| kept(&logits[r * v..(r + 1) * v], &params[r])).collect();
+    let kept_w: Vec<Option<Vec<u64>>> = (0..rows_n)
+        .map(|r| kept(&logits[r * v..(r + 1) * v], &params[r]))
+        .collect();
     let mut first = Vec::new();
     let mut mismatch = 0usize;
     let mut outside = 0usize;
@@ -44,7 +106,11 @@ pub fn checks(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
         let mut all = Vec::new();
         for step in 0..steps {
             let mut l = gpu.stream.launch_builder(&f);
-            l.arg(&dl).arg(&vv).arg(&dp).arg(&mut counters).arg(&mut out);
+            l.arg(&dl)
+                .arg(&vv)
+                .arg(&dp)
+                .arg(&mut counters)
+                .arg(&mut out);
             // SAFETY: matches ops/sample's signature; one block per row.
             unsafe { l.launch(cfg((rows_n as u32, 1, 1), 1024)) }?;
             let got = gpu.download(&out)?;
@@ -75,7 +141,11 @@ pub fn checks(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
             first = all;
             us = gpu.time_graph(5, 2, |_| {
                 let mut l = gpu.stream.launch_builder(&f);
-                l.arg(&dl).arg(&vv).arg(&dp).arg(&mut counters).arg(&mut out);
+                l.arg(&dl)
+                    .arg(&vv)
+                    .arg(&dp)
+                    .arg(&mut counters)
+                    .arg(&mut out);
                 // SAFETY: as above.
                 unsafe { l.launch(cfg((rows_n as u32, 1, 1), 1024)) }?;
                 Ok(())
@@ -88,7 +158,13 @@ pub fn checks(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
     let mut single = Vec::new();
     for r in [3usize, 6] {
         let d1 = gpu.upload(&logits[r * v..(r + 1) * v])?;
-        let p1 = gpu.upload(&[Params(params[r].temperature, params[r].top_k, params[r].top_p, params[r].min_p, params[r].seed)])?;
+        let p1 = gpu.upload(&[Params(
+            params[r].temperature,
+            params[r].top_k,
+            params[r].top_p,
+            params[r].min_p,
+            params[r].seed,
+        )])?;
         let mut c1 = gpu.upload(&[0u32])?;
         let mut o1 = gpu.upload(&[0i32])?;
         let t = gpu.time_graph(10, 2, |_| {

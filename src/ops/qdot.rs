@@ -34,13 +34,21 @@ pub fn quantize_q8_1(x: &[f32]) -> Result<Q8Act, QdotError> {
         return Err(QdotError::Misaligned(x.len()));
     }
     let groups = x.len() / 32;
-    let mut out = Q8Act { qs: vec![0; x.len()], d: vec![0.0; groups], s: vec![0.0; groups] };
+    let mut out = Q8Act {
+        qs: vec![0; x.len()],
+        d: vec![0.0; groups],
+        s: vec![0.0; groups],
+    };
     for (g, chunk) in x.chunks_exact(32).enumerate() {
         let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let mut sum = 0i32;
         for (j, &v) in chunk.iter().enumerate() {
-            let q = if amax > 0.0 { (v / d).round_ties_even().clamp(-127.0, 127.0) as i32 } else { 0 };
+            let q = if amax > 0.0 {
+                (v / d).round_ties_even().clamp(-127.0, 127.0) as i32
+            } else {
+                0
+            };
             out.qs[g * 32 + j] = q as i8;
             sum += q;
         }
@@ -52,18 +60,34 @@ pub fn quantize_q8_1(x: &[f32]) -> Result<Q8Act, QdotError> {
 
 /// The values a [`Q8Act`] stands for: `d * q`.
 pub fn dequantize_q8_1(a: &Q8Act) -> Vec<f32> {
-    a.qs.iter().enumerate().map(|(i, &q)| a.d[i / 32] * q as f32).collect()
+    a.qs.iter()
+        .enumerate()
+        .map(|(i, &q)| a.d[i / 32] * q as f32)
+        .collect()
 }
 
 /// `y[b][r] = sum_j W[r][j] * x[b][j]` in f64, W `n` rows of `k` elements of type `ty` in GGUF
 /// layout, `x` holding `batch` rows of `k`. Returns `batch * n` values, batch-major.
-pub fn gemv_ref(ty: GgmlType, w: &[u8], n: usize, k: usize, x: &[f32]) -> Result<Vec<f32>, QdotError> {
+pub fn gemv_ref(
+    ty: GgmlType,
+    w: &[u8],
+    n: usize,
+    k: usize,
+    x: &[f32],
+) -> Result<Vec<f32>, QdotError> {
     if k == 0 || x.len() % k != 0 {
-        return Err(QdotError::Shape(format!("x has {} values, not a multiple of k={k}", x.len())));
+        return Err(QdotError::Shape(format!(
+            "x has {} values, not a multiple of k={k}",
+            x.len()
+        )));
     }
     let rb = ty.row_bytes(k)?;
     if w.len() < rb * n {
-        return Err(QdotError::Shape(format!("weights hold {} bytes, {n} rows need {}", w.len(), rb * n)));
+        return Err(QdotError::Shape(format!(
+            "weights hold {} bytes, {n} rows need {}",
+            w.len(),
+            rb * n
+        )));
     }
     let batch = x.len() / k;
     let mut y = vec![0f32; batch * n];
@@ -85,11 +109,15 @@ mod tests {
 
     #[test]
     fn quantize_roundtrip_is_close_and_sums_match() {
-        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.3).collect();
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.3)
+            .collect();
         let a = quantize_q8_1(&x).unwrap();
         let back = dequantize_q8_1(&a);
         for g in 0..2 {
-            let amax = x[g * 32..g * 32 + 32].iter().fold(0f32, |m, v| m.max(v.abs()));
+            let amax = x[g * 32..g * 32 + 32]
+                .iter()
+                .fold(0f32, |m, v| m.max(v.abs()));
             for j in 0..32 {
                 assert!((back[g * 32 + j] - x[g * 32 + j]).abs() <= amax / 254.0 * 1.0001);
             }
@@ -97,7 +125,10 @@ mod tests {
             assert_eq!(a.s[g], a.d[g] * s as f32);
         }
         assert_eq!(a.qs.iter().map(|q| q.unsigned_abs()).max(), Some(127));
-        assert!(matches!(quantize_q8_1(&x[..31]), Err(QdotError::Misaligned(31))));
+        assert!(matches!(
+            quantize_q8_1(&x[..31]),
+            Err(QdotError::Misaligned(31))
+        ));
     }
 
     #[test]

@@ -124,12 +124,21 @@ mod tests {
     use super::*;
 
     fn params(t: f32, k: i32, tp: f32, mp: f32) -> SampleParams {
-        SampleParams { temperature: t, top_k: k, top_p: tp, min_p: mp, seed: 7 }
+        SampleParams {
+            temperature: t,
+            top_k: k,
+            top_p: tp,
+            min_p: mp,
+            seed: 7,
+        }
     }
 
     #[test]
     fn greedy_takes_first_max() {
-        assert_eq!(sample(&[1.0, 3.0, 3.0, 2.0], &params(0.0, 0, 1.0, 0.0), 0), 1);
+        assert_eq!(
+            sample(&[1.0, 3.0, 3.0, 2.0], &params(0.0, 0, 1.0, 0.0), 0),
+            1
+        );
     }
 
     #[test]
@@ -144,7 +153,10 @@ mod tests {
         // probabilities ~ 0.64, 0.24, 0.09, 0.03: top_p 0.7 keeps the first two
         let l = [3.0f32, 2.0, 1.0, 0.0];
         let w = kept(&l, &params(1.0, 0, 0.7, 0.0)).unwrap();
-        assert_eq!(w.iter().map(|&x| x > 0).collect::<Vec<_>>(), vec![true, true, false, false]);
+        assert_eq!(
+            w.iter().map(|&x| x > 0).collect::<Vec<_>>(),
+            vec![true, true, false, false]
+        );
         let w = kept(&l, &params(1.0, 0, 0.5, 0.0)).unwrap();
         assert_eq!(w.iter().filter(|&&x| x > 0).count(), 1);
     }
@@ -153,7 +165,10 @@ mod tests {
     fn min_p_is_relative_to_max() {
         let l = [0.0f32, (0.2f32).ln(), (0.05f32).ln()];
         let w = kept(&l, &params(1.0, 0, 1.0, 0.1)).unwrap();
-        assert_eq!(w.iter().map(|&x| x > 0).collect::<Vec<_>>(), vec![true, true, false]);
+        assert_eq!(
+            w.iter().map(|&x| x > 0).collect::<Vec<_>>(),
+            vec![true, true, false]
+        );
     }
 
     #[test]
