@@ -2,7 +2,7 @@
 
 use crate::gpu::{cfg, rel_err, Gpu, Row};
 use anyhow::Result;
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{sys, CudaSlice, PushKernelArg};
 use fucina::ops::attention_ref::{attention_decode, DecodeAttn};
 use fucina::quant::{e4m3_to_f32, f32_to_e4m3};
 use rand::rngs::StdRng;
@@ -72,6 +72,9 @@ fn run_case(gpu: &Gpu, c: &Case, rng: &mut StdRng, time: bool) -> Result<(f64, f
         )?);
     }
     let f = gpu.function(&format!("attn_decode_fp8_hd{}", c.d))?;
+    let g = c.hq / c.hkv;
+    let smem = 4 * g * c.d + 4 * g * 128 + 8 * 128 + 128 * c.d;
+    f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)?;
     let comb = gpu.function("attn_combine")?;
     let (dq, dk, dv) = (gpu.upload(&q)?, gpu.upload(&kc)?, gpu.upload(&vc)?);
     let dbt = gpu.upload(&order)?;
@@ -104,7 +107,9 @@ fn run_case(gpu: &Gpu, c: &Case, rng: &mut StdRng, time: bool) -> Result<(f64, f
             .arg(&c.softcap)
             .arg(&window);
         // SAFETY: matches ops/attn_decode's signature; buffers sized above.
-        unsafe { l.launch(cfg((c.splits, c.hkv as u32, b as u32), 128)) }?;
+        let mut lc = cfg((c.splits, c.hkv as u32, b as u32), 128);
+        lc.shared_mem_bytes = smem as u32;
+        unsafe { l.launch(lc) }?;
         let mut l = gpu.stream.launch_builder(&comb);
         l.arg(&*po).arg(&*pml).arg(out).arg(&splits).arg(&d);
         // SAFETY: matches ops/attn_combine's signature.
