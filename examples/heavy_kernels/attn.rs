@@ -74,7 +74,10 @@ fn run_case(gpu: &Gpu, c: &Case, rng: &mut StdRng, time: bool) -> Result<(f64, f
     let f = gpu.function(&format!("attn_decode_fp8_hd{}", c.d))?;
     let g = c.hq / c.hkv;
     let smem = 4 * g * c.d + 4 * g * 128 + 8 * 128 + 128 * c.d;
-    f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)?;
+    f.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )?;
     let comb = gpu.function("attn_combine")?;
     let (dq, dk, dv) = (gpu.upload(&q)?, gpu.upload(&kc)?, gpu.upload(&vc)?);
     let dbt = gpu.upload(&order)?;

@@ -1,8 +1,8 @@
 //! Reference sampler, the CPU twin of the `sample` kernel (same filters, same integer weights,
 //! same random stream), so a GPU draw can be checked token for token.
 //!
-//! Order of filters (as in transformers' logits warpers): temperature, top-k, top-p (over the
-//! top-k survivors), min-p. Weights are `floor(exp(x - max) * 2^32)` so sums are exact.
+//! Order of filters (as in transformers' logits warpers): temperature (x = logit * (1/T), both
+//! roundings to nearest), top-k, top-p (over the top-k survivors), min-p. Weights are `floor(exp(x - max) * 2^32)` so sums are exact.
 
 /// Per-row sampling parameters; `#[repr(C)]` matches the kernel's `SampleParams`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -51,7 +51,8 @@ pub fn kept(logits: &[f32], p: &SampleParams) -> Option<Vec<u64>> {
     if !(p.temperature > 0.0) || p.top_k == 1 || logits.is_empty() {
         return None;
     }
-    let x: Vec<f32> = logits.iter().map(|&l| l / p.temperature).collect();
+    let inv = 1.0 / p.temperature;
+    let x: Vec<f32> = logits.iter().map(|&l| l * inv).collect();
     let m = x[argmax(logits)];
     let mut sorted = x.clone();
     sorted.sort_by(|a, b| b.total_cmp(a));
