@@ -9,4 +9,6 @@ pub mod ops;
 pub mod quant;
 pub mod tokenizer;
 pub mod backend;
+pub mod selftest;
+pub mod kernels;
 pub mod weights;
