@@ -103,9 +103,68 @@ pub fn gemv_ref(
     Ok(y)
 }
 
+/// Random weights of `n` rows x `k` in the GGUF layout of `ty` (test and benchmark data): random
+/// quant bytes with sane block scales (f16 scales in +-0.01, K-quant super-scales in 1e-4..1e-3),
+/// float formats ~N(0, 0.05). `k` must be a whole number of blocks.
+pub fn random_weights(
+    ty: GgmlType,
+    n: usize,
+    k: usize,
+    rng: &mut impl rand::Rng,
+) -> Result<Vec<u8>, QdotError> {
+    let rb = ty.row_bytes(k)?;
+    let mut w = vec![0u8; rb * n];
+    let normal = |rng: &mut dyn rand::RngCore| -> f32 {
+        (0..4)
+            .map(|_| (rng.next_u32() >> 8) as f32 / 16_777_216.0)
+            .sum::<f32>()
+            - 2.0
+    };
+    let h = |v: f32| half::f16::from_f32(v).to_bits().to_le_bytes();
+    match ty {
+        GgmlType::F32 => w
+            .chunks_exact_mut(4)
+            .for_each(|c| c.copy_from_slice(&(normal(rng) * 0.05).to_le_bytes())),
+        GgmlType::F16 => w
+            .chunks_exact_mut(2)
+            .for_each(|c| c.copy_from_slice(&h(normal(rng) * 0.05))),
+        GgmlType::BF16 => w.chunks_exact_mut(2).for_each(|c| {
+            c.copy_from_slice(
+                &half::bf16::from_f32(normal(rng) * 0.05)
+                    .to_bits()
+                    .to_le_bytes(),
+            )
+        }),
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4K | GgmlType::Q6K => {
+            rng.fill_bytes(&mut w);
+            let (_, bb) = ty.block();
+            for b in w.chunks_exact_mut(bb) {
+                let mut u =
+                    |lo: f32, hi: f32| lo + (hi - lo) * (rng.next_u32() >> 8) as f32 / 16_777_216.0;
+                match ty {
+                    GgmlType::Q4K => {
+                        b[0..2].copy_from_slice(&h(u(1e-4, 1e-3)));
+                        b[2..4].copy_from_slice(&h(u(1e-4, 1e-3)));
+                    }
+                    GgmlType::Q6K => b[208..210].copy_from_slice(&h(u(1e-4, 1e-3))),
+                    _ => b[0..2].copy_from_slice(&h(u(-0.01, 0.01))),
+                }
+            }
+        }
+        other => {
+            return Err(QdotError::Quant(QuantError::Unsupported(
+                other,
+                "F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K",
+            )))
+        }
+    }
+    Ok(w)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
 
     #[test]
     fn quantize_roundtrip_is_close_and_sums_match() {
@@ -129,6 +188,28 @@ mod tests {
             quantize_q8_1(&x[..31]),
             Err(QdotError::Misaligned(31))
         ));
+    }
+
+    #[test]
+    fn random_weights_dequantise_to_finite_values() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for ty in [
+            GgmlType::F16,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+        ] {
+            let w = random_weights(ty, 3, 256, &mut rng).unwrap();
+            let mut out = vec![0f32; 3 * 256];
+            crate::quant::dequantize(ty, &w, &mut out).unwrap();
+            assert!(
+                out.iter().all(|v| v.is_finite() && v.abs() < 10.0),
+                "{ty:?}"
+            );
+            assert!(out.iter().any(|&v| v != 0.0), "{ty:?}");
+        }
     }
 
     #[test]
