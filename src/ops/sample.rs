@@ -48,7 +48,7 @@ fn weight(x: f32, m: f32) -> u64 {
 
 /// Which tokens survive the filters (`None` when greedy), with their integer weights.
 pub fn kept(logits: &[f32], p: &SampleParams) -> Option<Vec<u64>> {
-    if !(p.temperature > 0.0) || p.top_k == 1 || logits.is_empty() {
+    if p.temperature.is_nan() || p.temperature <= 0.0 || p.top_k == 1 || logits.is_empty() {
         return None;
     }
     let inv = 1.0 / p.temperature;
