@@ -73,6 +73,8 @@ key_enum! {
         Sample => "sample",
         /// Benchmark helper: reads a buffer once (read-bandwidth reference for the GEMV bench).
         ReadBw => "read_bw",
+        /// Test kernel: the DSL's float conversions over all codes (selftest only).
+        Convert => "convert",
     }
 }
 

@@ -262,7 +262,7 @@ impl Manifest {
                 }
             }
         }
-        instances.sort_by(|a, b| a.key.cmp(&b.key));
+        instances.sort_by_key(|i| i.key);
         Ok(Manifest { instances })
     }
 

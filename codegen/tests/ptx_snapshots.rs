@@ -78,8 +78,24 @@ fn lib_macros_compile_on_every_arch() {
         ))
         .unwrap();
         let src = r.render(&m.instances[0]).unwrap();
-        let p = ptx::compile(&m.instances[0].name(), &src, arch).unwrap_or_else(|e| panic!("{e}"));
+        let name = m.instances[0].name();
+        let p = ptx::compile(&name, &src, arch).unwrap_or_else(|e| panic!("{e}"));
         assert!(p.contains(".entry"));
+        assert_eq!(
+            p.contains("wgmma.mma_async"),
+            arch.has_wgmma(),
+            "{arch}: wgmma"
+        );
+        assert_eq!(
+            p.contains("kind::mxf4nvf4"),
+            arch.has_fp4_mma(),
+            "{arch}: fp4 mma"
+        );
+        assert_eq!(
+            p.contains("cvt.rn.f16x2.e4m3x2"),
+            arch.has_fp8_mma(),
+            "{arch}: fp8 cvt"
+        );
     }
 }
 
@@ -87,6 +103,8 @@ const LIBCHECK: &str = r#"{% import "lib/prelude.cuh.tera" as prelude -%}
 {% import "lib/reduce.cuh.tera" as reduce -%}
 {% import "lib/convert.cuh.tera" as convert -%}
 {% import "lib/tile.cuh.tera" as tile -%}
+{% import "lib/wgmma.cuh.tera" as wgmma -%}
+{% import "lib/mma_fp4.cuh.tera" as mma_fp4 -%}
 {{ prelude::types() }}
 {{ reduce::warp() }}
 {{ reduce::block() }}
@@ -95,6 +113,11 @@ const LIBCHECK: &str = r#"{% import "lib/prelude.cuh.tera" as prelude -%}
 {{ convert::fp8(sm=sm) }}
 {{ convert::fp4() }}
 {{ tile::tile() }}
+{% if has_wgmma %}{{ wgmma::common() }}
+{{ wgmma::bf16(n=64) }}
+{{ wgmma::e4m3(n=128) }}{% endif %}
+{% if has_fp4_mma %}{{ mma_fp4::nvfp4() }}
+{{ mma_fp4::mxfp4() }}{% endif %}
 extern "C" __global__ void {{ entry }}(const float* x, float* y, const uint8_t* q) {
     __shared__ float scratch[32];
     __shared__ __align__(16) float t[4 * 8];
@@ -110,6 +133,25 @@ extern "C" __global__ void {{ entry }}(const float* x, float* y, const uint8_t* 
     float lo, hi;
     fp4x2_e2m1_to_f32x2(q[threadIdx.x], &lo, &hi);
 {% if sm >= 89 %}    v += (float)fp8x2_e4m3_to_f16x2((uint16_t)q[threadIdx.x]);
+{% endif %}{% if has_wgmma %}    {
+        __shared__ __align__(128) uint16_t sa[64 * 16], sb[128 * 32];
+        float acc[64];
+        const uint64_t da = wgmma_desc(sa, 128, 256, 0), db = wgmma_desc(sb, 128, 256, 0);
+        wgmma_fence();
+        wgmma_m64n128k32_e4m3(acc, da, db, 0);
+        float acc2[32];
+        wgmma_m64n64k16_bf16(acc2, da, db, 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        v += acc[threadIdx.x % 64] + acc2[threadIdx.x % 32];
+    }
+{% endif %}{% if has_fp4_mma %}    {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        const uint32_t* w = (const uint32_t*)q;
+        mma_nvfp4_m16n8k64<0, 0>(d, w, w + 4, w[6], w[7]);
+        mma_mxfp4_m16n8k64<0, 1, 2, 0>(d, w, w + 4, w[6], w[7]);
+        v += d[0] + d[1] + d[2] + d[3];
+    }
 {% endif %}    y[threadIdx.x] = v + lo + hi;
 }
 "#;

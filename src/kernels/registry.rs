@@ -4,7 +4,7 @@ use super::{BatchBucket, HeadDim, KernelError, KernelKey, Op, Quant, SmArch};
 
 /// One built instance: its key, its name (`codegen::entry_name(&key)`, also the `extern "C"`
 /// entry point), the template it came from, why it exists, its params (JSON object text, the
-/// manifest entry's `params`) and its rendered CUDA C.
+/// manifest entry's `params`; integer ones also in `int_params`) and its rendered CUDA C.
 #[derive(Debug)]
 pub struct KernelSpec {
     pub key: KernelKey,
@@ -12,14 +12,16 @@ pub struct KernelSpec {
     pub template: &'static str,
     pub reason: &'static str,
     pub params: &'static str,
+    /// The integer params, for launch code (no parsing on the hot path).
+    pub int_params: &'static [(&'static str, i64)],
     pub source: &'static str,
 }
 
 impl KernelSpec {
     /// An integer template param (e.g. `threads`), if the manifest set one.
     pub fn param_u32(&self, name: &str) -> Option<u32> {
-        let v: serde_json::Value = serde_json::from_str(self.params).ok()?;
-        v.get(name)?.as_u64().and_then(|n| u32::try_from(n).ok())
+        let &(_, v) = self.int_params.iter().find(|(k, _)| *k == name)?;
+        u32::try_from(v).ok()
     }
 }
 

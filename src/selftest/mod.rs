@@ -95,6 +95,13 @@ pub fn run(args: &SelftestArgs) -> anyhow::Result<bool> {
             ""
         }
     );
+    {
+        use std::io::IsTerminal;
+        // A failure here shows again, per instance, in the table.
+        if let Err(e) = dev.precompile(std::io::stderr().is_terminal()) {
+            eprintln!("precompiling kernels: {e}");
+        }
+    }
     let specs: Vec<&'static KernelSpec> = kernels::KERNELS
         .iter()
         .filter(|s| arches.contains(&s.key.arch))

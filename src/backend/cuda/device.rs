@@ -18,6 +18,8 @@ pub struct CudaDevice {
     arches: Vec<SmArch>,
     ptx: PtxCache,
     modules: Mutex<HashMap<KernelKey, Arc<CudaModule>>>,
+    /// Main entry points, resolved once (launch paths do no string work).
+    functions: Mutex<HashMap<KernelKey, CudaFunction>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -59,6 +61,7 @@ impl CudaDevice {
             arches,
             ptx: PtxCache::new(cache),
             modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
         })
     }
 
@@ -139,11 +142,44 @@ impl CudaDevice {
         Ok(module)
     }
 
+    /// Compile (or fetch from the disk cache) the PTX of every instance this device can run,
+    /// on a few threads with a progress bar when `show_progress` (first start after an
+    /// install or a template change). Returns how many instances were covered.
+    pub fn precompile(&self, show_progress: bool) -> Result<usize, CudaError> {
+        let specs: Vec<&'static KernelSpec> = kernels::KERNELS
+            .iter()
+            .filter(|s| self.arches.contains(&s.key.arch))
+            .collect();
+        let jobs: Vec<codegen::ptx::Job<'_>> = specs
+            .iter()
+            .map(|s| codegen::ptx::Job {
+                name: s.name,
+                source: s.source,
+                arch: s.key.arch,
+            })
+            .collect();
+        codegen::ptx::compile_many(&self.ptx, &jobs, show_progress)?;
+        Ok(jobs.len())
+    }
+
     /// The main kernel (`extern "C"` name = `spec.name`).
     pub fn function(&self, spec: &'static KernelSpec) -> Result<CudaFunction, CudaError> {
-        self.module(spec)?
+        if let Some(f) = self
+            .functions
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&spec.key).cloned())
+        {
+            return Ok(f);
+        }
+        let f = self
+            .module(spec)?
             .load_function(spec.name)
-            .map_err(drv(format!("finding {}", spec.name)))
+            .map_err(drv(format!("finding {}", spec.name)))?;
+        if let Ok(mut m) = self.functions.lock() {
+            m.insert(spec.key, f.clone());
+        }
+        Ok(f)
     }
 
     /// A secondary kernel of the same module, named `<spec.name>__<suffix>`.

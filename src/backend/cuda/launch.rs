@@ -9,13 +9,13 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelA
 
 use super::error::{drv, CudaError};
 use super::CudaDevice;
-use crate::backend::Activation;
+use crate::backend::{Activation, Norm};
 use crate::kernels::{KernelSpec, Op};
 use crate::ops::RopeLayout;
 
 /// How RMSNorm applies its weight (the kernel's `mode` argument).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NormMode {
+enum NormMode {
     /// x_hat * w
     Plain = 0,
     /// x_hat * (1 + w)
@@ -34,6 +34,29 @@ pub struct RopeLaunch {
     pub freq_base_dims: usize,
     pub layout: RopeLayout,
     pub theta: f32,
+}
+
+/// Shape of a GLU launch: `rows x cols` outputs; row strides of each operand in elements.
+#[derive(Debug, Clone, Copy)]
+pub struct GluShape {
+    pub rows: usize,
+    pub cols: usize,
+    pub gate_stride: usize,
+    pub up_stride: usize,
+    pub out_stride: usize,
+}
+
+impl GluShape {
+    /// Three contiguous `[rows, cols]` operands.
+    pub fn contiguous(rows: usize, cols: usize) -> GluShape {
+        GluShape {
+            rows,
+            cols,
+            gate_stride: cols,
+            up_stride: cols,
+            out_stride: cols,
+        }
+    }
 }
 
 fn int(op: &'static str, what: &str, v: usize) -> Result<i32, CudaError> {
@@ -70,14 +93,13 @@ impl CudaDevice {
         spec.param_u32("threads").unwrap_or(default)
     }
 
-    /// RMSNorm over groups of `dim` contiguous values of `x` into `out`
-    /// (`w` has `dim` values; required unless `mode` is `None`).
+    /// RMSNorm over groups of `dim` contiguous values of `x` into `out`; the weight (`dim`
+    /// values) as in `backend::Norm`: plain `w`, `1 + w`, or none.
     pub fn rms_norm(
         &self,
         spec: &'static KernelSpec,
         x: &CudaSlice<f32>,
-        w: Option<&CudaSlice<f32>>,
-        mode: NormMode,
+        w: Norm<'_, CudaSlice<f32>>,
         eps: f32,
         dim: usize,
         out: &mut CudaSlice<f32>,
@@ -92,6 +114,11 @@ impl CudaDevice {
         }
         let groups = blocks(OP, x.len() / dim)?;
         let f = self.function(spec)?;
+        let (mode, w) = match w {
+            Norm::Plain(w) => (NormMode::Plain, Some(w)),
+            Norm::OnePlus(w) => (NormMode::OnePlus, Some(w)),
+            Norm::None => (NormMode::None, None),
+        };
         let (dim_i, mode_i) = (int(OP, "dim", dim)?, mode as i32);
         let cfg = LaunchConfig {
             grid_dim: (groups, 1, 1),
@@ -233,21 +260,24 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `out[r, c] = act(gate[r, c]) * up[r, c]` with per-operand row strides (in elements), so
-    /// gate and up may be views into one fused `[rows, 2 * cols]` projection.
-    #[allow(clippy::too_many_arguments)]
+    /// `out[r, c] = act(gate[r, c]) * up[r, c]` over `shape.rows x shape.cols`, each operand
+    /// with its own row stride (in elements), so gate and up may be views into one fused
+    /// `[rows, 2 * cols]` projection.
     pub fn glu(
         &self,
         spec: &'static KernelSpec,
         gate: &CudaView<'_, f32>,
-        gate_stride: usize,
         up: &CudaView<'_, f32>,
-        up_stride: usize,
         out: &mut CudaViewMut<'_, f32>,
-        out_stride: usize,
-        rows: usize,
-        cols: usize,
+        shape: &GluShape,
     ) -> Result<(), CudaError> {
+        let GluShape {
+            rows,
+            cols,
+            gate_stride,
+            up_stride,
+            out_stride,
+        } = *shape;
         const OP: &str = "glu";
         check_op(spec, &[Op::Geglu, Op::Swiglu], OP)?;
         let span = |stride: usize| {

@@ -14,7 +14,7 @@ mod probe;
 
 pub use device::CudaDevice;
 pub use error::CudaError;
-pub use launch::{NormMode, RopeLaunch};
+pub use launch::{GluShape, RopeLaunch};
 pub use launch_decode::{AttnDecodeLaunch, AttnScratch};
 pub use launch_linear::{weight_block, Q8Activations};
 pub use probe::cuda_available;

@@ -2,7 +2,7 @@
 //! as the two halves of one fused `[rows, 2 * cols]` projection (strided views).
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::CudaError;
+use crate::backend::cuda::{CudaError, GluShape};
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::{geglu, swiglu};
 
@@ -38,16 +38,13 @@ impl KernelCheck for GluCheck {
         let want = reference(op, &gate, &up);
         let (dg, du) = (cx.dev.upload(&gate)?, cx.dev.upload(&up)?);
         let mut out = cx.dev.filled_f32(rows * cols, f32::NAN)?;
+        let shape = GluShape::contiguous(rows, cols);
         cx.dev.glu(
             spec,
             &dg.as_view(),
-            cols,
             &du.as_view(),
-            cols,
             &mut out.as_view_mut(),
-            cols,
-            rows,
-            cols,
+            &shape,
         )?;
         cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
 
@@ -66,17 +63,14 @@ impl KernelCheck for GluCheck {
         let df = cx.dev.upload(&fused)?;
         let mut out = cx.dev.filled_f32(rows * cols, f32::NAN)?;
         let (gv, uv) = (df.slice(0..), df.slice(cols..));
-        cx.dev.glu(
-            spec,
-            &gv,
-            2 * cols,
-            &uv,
-            2 * cols,
-            &mut out.as_view_mut(),
-            cols,
+        let shape = GluShape {
             rows,
             cols,
-        )?;
+            gate_stride: 2 * cols,
+            up_stride: 2 * cols,
+            out_stride: cols,
+        };
+        cx.dev.glu(spec, &gv, &uv, &mut out.as_view_mut(), &shape)?;
         cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
 
         // Timing: 32 rows x 15360.
@@ -89,17 +83,14 @@ impl KernelCheck for GluCheck {
             .upload(&uniform(&mut cx.rng, rows * cols, -2.0, 2.0))?;
         let mut out = cx.dev.filled_f32(rows * cols, f32::NAN)?;
         let dev = cx.dev;
+        let shape = GluShape::contiguous(rows, cols);
         let micros = time_us(dev, cx.iters, || {
             dev.glu(
                 spec,
                 &dg.as_view(),
-                cols,
                 &du.as_view(),
-                cols,
                 &mut out.as_view_mut(),
-                cols,
-                rows,
-                cols,
+                &shape,
             )
         })?;
         Ok(Measured { cmp, micros })

@@ -3,6 +3,7 @@
 mod attn_decode;
 mod gemm;
 mod gemv;
+mod convert;
 mod glu;
 mod rmsnorm;
 mod rope;
@@ -26,6 +27,7 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &attn_decode::AttnDecodeCheck,
         &sample::SampleCheck,
         &read_bw::ReadBwCheck,
+        &convert::ConvertCheck,
     ]
 }
 

@@ -2,7 +2,8 @@
 //! per-head groups; a dim that is not a multiple of the block size.
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::{CudaError, NormMode};
+use crate::backend::cuda::CudaError;
+use crate::backend::Norm;
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::{rms_norm, NormWeight};
 
@@ -21,11 +22,7 @@ impl KernelCheck for RmsNormCheck {
     fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
         // (groups, dim, mode): whole-row Gemma 4 12B, per-head q-norm (16 heads x 2 tokens),
         // weightless v-norm with an odd dim.
-        let cases = [
-            (7usize, 3840usize, NormMode::Plain),
-            (32, 128, NormMode::OnePlus),
-            (3, 3000, NormMode::None),
-        ];
+        let cases = [(7usize, 3840usize, 0u8), (32, 128, 1u8), (3, 3000, 2u8)];
         let eps = 1e-6f32;
         let mut cmp = Comparison::default();
         for &(groups, dim, mode) in &cases {
@@ -33,16 +30,20 @@ impl KernelCheck for RmsNormCheck {
             let w = uniform(&mut cx.rng, dim, -1.0, 1.5);
             let mut want = vec![0f32; x.len()];
             let nw = match mode {
-                NormMode::Plain => NormWeight::Plain(&w),
-                NormMode::OnePlus => NormWeight::OnePlus(&w),
-                NormMode::None => NormWeight::None,
+                0 => NormWeight::Plain(&w),
+                1 => NormWeight::OnePlus(&w),
+                _ => NormWeight::None,
             };
             rms_norm(&x, nw, eps, dim, &mut want);
             let dx = cx.dev.upload(&x)?;
             let dw = cx.dev.upload(&w)?;
             let mut out = cx.dev.filled_f32(x.len(), f32::NAN)?;
-            let wopt = (mode != NormMode::None).then_some(&dw);
-            cx.dev.rms_norm(spec, &dx, wopt, mode, eps, dim, &mut out)?;
+            let dn = match mode {
+                0 => Norm::Plain(&dw),
+                1 => Norm::OnePlus(&dw),
+                _ => Norm::None,
+            };
+            cx.dev.rms_norm(spec, &dx, dn, eps, dim, &mut out)?;
             cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
         }
         // Timing: one decode-sized batch of 32 rows x 4096.
@@ -54,7 +55,7 @@ impl KernelCheck for RmsNormCheck {
         let mut out = cx.dev.filled_f32(groups * dim, f32::NAN)?;
         let dev = cx.dev;
         let micros = time_us(dev, cx.iters, || {
-            dev.rms_norm(spec, &dx, Some(&dw), NormMode::Plain, eps, dim, &mut out)
+            dev.rms_norm(spec, &dx, Norm::Plain(&dw), eps, dim, &mut out)
         })?;
         Ok(Measured { cmp, micros })
     }
