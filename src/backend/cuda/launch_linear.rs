@@ -169,7 +169,8 @@ impl CudaDevice {
     }
 
     /// `c[m][n] = a[m][k] . w[n][k]^T` (f32 out). bf16: `a`, `w` hold bf16 bits. fp8_e4m3:
-    /// E4M3 bytes, `a_scale` one float, `w_scale` [ceil(n/128)][ceil(k/128)].
+    /// E4M3 bytes, `a_scale` one float, `w_scale` [ceil(n/128)][ceil(k/128)]. Block formats
+    /// (q8_0 q4_0 q5_0 q4_k q6_k): `w` in its GGUF layout, `a` bf16; scales unused.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm(
         &self,
@@ -183,19 +184,18 @@ impl CudaDevice {
     ) -> Result<(), CudaError> {
         const OP: &str = "gemm";
         expect_op(spec, Op::Gemm, OP)?;
-        let es = match spec.key.quant {
-            Quant::Bf16 => 2,
-            Quant::Fp8E4m3 => 1,
-            q => return Err(invalid(OP, format!("no gemm for {q} yet"))),
-        };
-        if m == 0 || n == 0 || k == 0 || (k * es) % 16 != 0 {
+        // activation element size; weight (elements, bytes) per block
+        let q = spec.key.quant;
+        let es = if q == Quant::Fp8E4m3 { 1 } else { 2 };
+        let (be, bb) = weight_block(q).ok_or_else(|| invalid(OP, format!("no gemm for {q}")))?;
+        if m == 0 || n == 0 || k == 0 || (k * es) % 16 != 0 || k % be != 0 {
             return Err(invalid(
                 OP,
-                format!("m={m} n={n} k={k}: k*{es} bytes must be a multiple of 16"),
+                format!("m={m} n={n} k={k}: k*{es} bytes must be a multiple of 16 and k of {be}"),
             ));
         }
         let kb = k.div_ceil(128);
-        if a.len() < m * k * es || w.len() < n * k * es || c.len() < m * n {
+        if a.len() < m * k * es || w.len() < n * (k / be) * bb || c.len() < m * n {
             return Err(invalid(
                 OP,
                 format!("a {} / w {} / c {} too small", a.len(), w.len(), c.len()),

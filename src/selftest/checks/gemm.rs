@@ -5,7 +5,8 @@
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::CudaError;
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
-use crate::quant::{bf16_to_f32, e4m3_to_f32, f32_to_e4m3};
+use crate::ops::qdot::random_weights;
+use crate::quant::{bf16_to_f32, dequantize, e4m3_to_f32, f32_to_e4m3, GgmlType};
 use rand::Rng;
 
 pub struct GemmCheck;
@@ -39,16 +40,51 @@ impl KernelCheck for GemmCheck {
     }
     fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
         let fp8 = spec.key.quant == Quant::Fp8E4m3;
+        // block-format weights: dequantised on the GPU to bf16 tiles; the reference rounds the
+        // CPU dequantisation to bf16 the same way (round to nearest even)
+        let block_ty = match spec.key.quant {
+            Quant::Q8_0 => Some(GgmlType::Q8_0),
+            Quant::Q4_0 => Some(GgmlType::Q4_0),
+            Quant::Q5_0 => Some(GgmlType::Q5_0),
+            Quant::Q4K => Some(GgmlType::Q4K),
+            Quant::Q6K => Some(GgmlType::Q6K),
+            _ => None,
+        };
+        let shapes: [(usize, usize, usize); 3] = match block_ty {
+            Some(GgmlType::Q4K) | Some(GgmlType::Q6K) => {
+                [(200, 300, 512), (130, 200, 256), (512, 4096, 4096)]
+            }
+            Some(_) => [(200, 300, 544), (130, 200, 320), (512, 4096, 4096)],
+            None => [(200, 300, 528), (130, 200, 320), (512, 4096, 4096)],
+        };
+        let bad = |e: String| CudaError::Invalid {
+            op: "selftest",
+            detail: e,
+        };
         let mut cmp = Comparison::default();
         let mut micros = 0.0;
-        for (m, n, k) in [
-            (200usize, 300usize, 528usize),
-            (130, 200, 320),
-            (512, 4096, 4096),
-        ] {
+        for (m, n, k) in shapes {
             let rng = &mut cx.rng;
             let (ab, wb, adec, wdec, ws, asc);
-            if fp8 {
+            if let Some(ty) = block_ty {
+                let a16: Vec<u16> = (0..m * k)
+                    .map(|_| half::bf16::from_f32(rng.random::<f32>() - 0.5).to_bits())
+                    .collect();
+                adec = a16.iter().map(|&b| bf16_to_f32(b)).collect::<Vec<f32>>();
+                ab = a16
+                    .iter()
+                    .flat_map(|b| b.to_le_bytes())
+                    .collect::<Vec<u8>>();
+                wb = random_weights(ty, n, k, rng).map_err(|e| bad(e.to_string()))?;
+                let mut wf = vec![0f32; n * k];
+                dequantize(ty, &wb, &mut wf).map_err(|e| bad(e.to_string()))?;
+                wdec = wf
+                    .iter()
+                    .map(|&v| half::bf16::from_f32(v).to_f32())
+                    .collect::<Vec<f32>>();
+                ws = vec![0f32];
+                asc = vec![0f32];
+            } else if fp8 {
                 let a_scale = 0.02f32;
                 let (nb, kb) = (n.div_ceil(128), k.div_ceil(128));
                 let s: Vec<f32> = (0..nb * kb)
