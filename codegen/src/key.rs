@@ -71,6 +71,8 @@ key_enum! {
         Gemm => "gemm",
         AttnDecode => "attn_decode",
         Sample => "sample",
+        /// Benchmark helper: reads a buffer once (read-bandwidth reference for the GEMV bench).
+        ReadBw => "read_bw",
         /// Test kernel: the DSL's float conversions over all codes (selftest only).
         Convert => "convert",
     }

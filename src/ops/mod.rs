@@ -14,3 +14,6 @@ pub use activation::{gelu_tanh, geglu, sigmoid, silu, softcap, softplus, swiglu}
 pub use norm::{rms_norm, NormWeight};
 pub use rope::{rope, RopeLayout, RopeSpec};
 pub use softmax::{log_softmax, softmax};
+pub mod attention_ref;
+pub mod qdot;
+pub mod sample;

@@ -52,7 +52,8 @@ impl CudaDevice {
         if arches.is_empty() {
             return Err(CudaError::UnsupportedDevice { major, minor });
         }
-        let stream = ctx.default_stream();
+        // a created stream, not the legacy default one: CUDA graphs can capture it
+        let stream = ctx.new_stream().map_err(drv("creating stream"))?;
         Ok(CudaDevice {
             ctx,
             stream,

@@ -8,11 +8,15 @@
 mod device;
 mod error;
 mod launch;
+mod launch_decode;
+mod launch_linear;
 mod probe;
 
 pub use device::CudaDevice;
 pub use error::CudaError;
 pub use launch::{GluShape, RopeLaunch};
+pub use launch_decode::{AttnDecodeLaunch, AttnScratch};
+pub use launch_linear::{weight_block, Q8Activations};
 pub use probe::cuda_available;
 
 pub use cudarc::driver::{CudaSlice, CudaView};

@@ -1,9 +1,14 @@
 //! The registry of per-op checks. Add one line per check (its own file in this folder).
 
+mod attn_decode;
+mod gemm;
+mod gemv;
 mod convert;
 mod glu;
 mod rmsnorm;
 mod rope;
+mod read_bw;
+mod sample;
 mod softmax;
 
 use super::check::KernelCheck;
@@ -16,6 +21,12 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &rope::RopeCheck,
         &softmax::SoftmaxCheck,
         &glu::GluCheck,
+        &gemv::QuantizeQ8Check,
+        &gemv::GemvCheck,
+        &gemm::GemmCheck,
+        &attn_decode::AttnDecodeCheck,
+        &sample::SampleCheck,
+        &read_bw::ReadBwCheck,
         &convert::ConvertCheck,
     ]
 }

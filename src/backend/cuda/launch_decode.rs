@@ -1,0 +1,233 @@
+//! Typed launches of the decode-step kernels: attention over the paged FP8 KV cache (split-K +
+//! combine) and the sampler.
+
+use cudarc::driver::{sys, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::error::{drv, CudaError};
+use super::CudaDevice;
+use crate::kernels::{KernelSpec, Op};
+use crate::ops::sample::SampleParams;
+
+// SAFETY: `SampleParams` is #[repr(C)] plain data with the kernel's `SampleParams` layout
+// (f32, i32, f32, f32, u64: 24 bytes).
+unsafe impl DeviceRepr for SampleParams {}
+
+fn invalid(op: &'static str, detail: String) -> CudaError {
+    CudaError::Invalid { op, detail }
+}
+
+/// Shape and options of one decode-attention launch (one query token per sequence).
+#[derive(Debug, Clone, Copy)]
+pub struct AttnDecodeLaunch {
+    /// Sequences in the batch.
+    pub batch: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    /// Tokens per KV page; the caches are [pages][hkv][page_size][head_dim] E4M3.
+    pub page_size: usize,
+    /// Columns of the block table ([batch][max_pages] i32).
+    pub max_pages: usize,
+    /// Split-K factor (grid.x); pick so that splits * hkv * batch covers the SMs a few times.
+    pub splits: usize,
+    pub scale: f32,
+    pub k_scale: f32,
+    pub v_scale: f32,
+    /// 0 = off.
+    pub softcap: f32,
+    /// 0 = full attention.
+    pub window: usize,
+}
+
+/// Scratch of the split-K partials: o [batch][hq][splits][d] and {m, l} [batch][hq][splits].
+pub struct AttnScratch {
+    pub part_o: CudaSlice<f32>,
+    pub part_ml: CudaSlice<f32>,
+}
+
+impl AttnDecodeLaunch {
+    /// Dynamic shared memory of the main kernel, bytes.
+    pub fn smem_bytes(&self, head_dim: usize) -> usize {
+        let g = self.hq / self.hkv.max(1);
+        4 * g * head_dim + 4 * g * 128 + 8 * 128 + 128 * head_dim
+    }
+}
+
+impl CudaDevice {
+    pub fn attn_scratch(
+        &self,
+        p: &AttnDecodeLaunch,
+        head_dim: usize,
+    ) -> Result<AttnScratch, CudaError> {
+        let rows = p.batch * p.hq * p.splits;
+        Ok(AttnScratch {
+            part_o: self.filled_f32(rows * head_dim, 0.0)?,
+            part_ml: self.filled_f32(rows * 2, 0.0)?,
+        })
+    }
+
+    /// Decode attention: `q` f32 [batch][hq][d] -> `out` f32 [batch][hq][d]; `seq_lens` i32
+    /// [batch] in device memory (the current token included, already in the cache).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_decode(
+        &self,
+        spec: &'static KernelSpec,
+        p: &AttnDecodeLaunch,
+        q: &CudaSlice<f32>,
+        k_cache: &CudaSlice<u8>,
+        v_cache: &CudaSlice<u8>,
+        block_table: &CudaSlice<i32>,
+        seq_lens: &CudaSlice<i32>,
+        scratch: &mut AttnScratch,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "attn_decode";
+        if spec.key.op != Op::AttnDecode {
+            return Err(invalid(
+                OP,
+                format!("instance {} is not attn_decode", spec.name),
+            ));
+        }
+        let d = spec
+            .key
+            .head_dim
+            .value()
+            .ok_or_else(|| invalid(OP, "instance has no head_dim".into()))?
+            as usize;
+        if p.hkv == 0
+            || p.hq % p.hkv != 0
+            || p.hq / p.hkv > 16
+            || p.batch == 0
+            || p.splits == 0
+            || p.page_size == 0
+        {
+            return Err(invalid(
+                OP,
+                format!(
+                    "hq={} hkv={} (group <= 16), batch={}, splits={}, page={}",
+                    p.hq, p.hkv, p.batch, p.splits, p.page_size
+                ),
+            ));
+        }
+        let rows = p.batch * p.hq;
+        if q.len() < rows * d
+            || out.len() < rows * d
+            || seq_lens.len() < p.batch
+            || block_table.len() < p.batch * p.max_pages
+        {
+            return Err(invalid(
+                OP,
+                "q / out / seq_lens / block_table too small".into(),
+            ));
+        }
+        if scratch.part_o.len() < rows * p.splits * d || scratch.part_ml.len() < rows * p.splits * 2
+        {
+            return Err(invalid(OP, "scratch too small for these splits".into()));
+        }
+        if k_cache.len() != v_cache.len() || k_cache.len() % (p.hkv * p.page_size * d) != 0 {
+            return Err(invalid(
+                OP,
+                "caches are not whole pages of [hkv][page_size][d]".into(),
+            ));
+        }
+        let smem = p.smem_bytes(d);
+        let f = self.function(spec)?;
+        f.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(drv("raising dynamic shared memory"))?;
+        let comb = self.function_suffixed(spec, "combine")?;
+        let i = |v: usize| i32::try_from(v).map_err(|_| invalid(OP, format!("{v} exceeds i32")));
+        let (hq, hkv, pg, mp, win, splits, di) = (
+            i(p.hq)?,
+            i(p.hkv)?,
+            i(p.page_size)?,
+            i(p.max_pages)?,
+            i(p.window)?,
+            i(p.splits)?,
+            i(d)?,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (p.splits as u32, p.hkv as u32, p.batch as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(q)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(block_table)
+            .arg(seq_lens)
+            .arg(&mut scratch.part_o)
+            .arg(&mut scratch.part_ml);
+        b.arg(&hq)
+            .arg(&hkv)
+            .arg(&pg)
+            .arg(&mp)
+            .arg(&p.scale)
+            .arg(&p.k_scale)
+            .arg(&p.v_scale)
+            .arg(&p.softcap)
+            .arg(&win);
+        // SAFETY: matches ops/attn_decode's main signature; sizes checked above; the block table
+        // entries and seq_lens are the caller's contract (pages < cache pages, lens <= pages*page).
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
+        let cfg = LaunchConfig {
+            grid_dim: (p.hq as u32, p.batch as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(&comb);
+        b.arg(&scratch.part_o)
+            .arg(&scratch.part_ml)
+            .arg(out)
+            .arg(&splits)
+            .arg(&di);
+        // SAFETY: matches (const float* part_o, const float2* part_ml, float* out, int splits, int d).
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}__combine", spec.name)))?;
+        Ok(())
+    }
+
+    /// One token per row of `logits` ([rows][vocab]) into `out`; `counters[r]` selects the draw
+    /// of row r's random stream and is incremented by the kernel.
+    pub fn sample(
+        &self,
+        spec: &'static KernelSpec,
+        logits: &CudaSlice<f32>,
+        vocab: usize,
+        params: &CudaSlice<SampleParams>,
+        counters: &mut CudaSlice<u32>,
+        out: &mut CudaSlice<i32>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "sample";
+        if spec.key.op != Op::Sample {
+            return Err(invalid(OP, format!("instance {} is not sample", spec.name)));
+        }
+        if vocab == 0 || logits.len() % vocab != 0 {
+            return Err(invalid(
+                OP,
+                format!("{} logits are not rows of {vocab}", logits.len()),
+            ));
+        }
+        let rows = logits.len() / vocab;
+        if params.len() < rows || counters.len() < rows || out.len() < rows {
+            return Err(invalid(
+                OP,
+                format!("{rows} rows need params/counters/out of {rows}"),
+            ));
+        }
+        let v = i32::try_from(vocab).map_err(|_| invalid(OP, "vocab exceeds i32".into()))?;
+        let f = self.function(spec)?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(logits).arg(&v).arg(params).arg(counters).arg(out);
+        // SAFETY: matches (const float* logits, int V, const SampleParams* p, u32* counters,
+        // int* out), one 1024-thread block per row; sizes checked above.
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
+        Ok(())
+    }
+}

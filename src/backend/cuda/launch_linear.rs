@@ -1,0 +1,272 @@
+//! Typed launches of the linear-algebra kernels: activation quantisation (`quantize_q8`), the
+//! decode GEMV over GGUF-layout weights, the tensor-core GEMM, and the read-bandwidth probe.
+//! Shapes are validated against the buffers (errors, never panics); every launch states the
+//! template signature it matches.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::error::{drv, CudaError};
+use super::CudaDevice;
+use crate::kernels::{KernelSpec, Op, Quant};
+
+fn invalid(op: &'static str, detail: String) -> CudaError {
+    CudaError::Invalid { op, detail }
+}
+
+fn int(op: &'static str, what: &str, v: usize) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| invalid(op, format!("{what} = {v} exceeds i32")))
+}
+
+fn expect_op(spec: &KernelSpec, op: Op, name: &'static str) -> Result<(), CudaError> {
+    if spec.key.op == op {
+        Ok(())
+    } else {
+        Err(invalid(
+            name,
+            format!("instance {} is not a {name} kernel", spec.name),
+        ))
+    }
+}
+
+/// (elements, bytes) of one block of a GEMV/GEMM weight format.
+pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
+    Some(match q {
+        Quant::F32 => (1, 4),
+        Quant::F16 | Quant::Bf16 => (1, 2),
+        Quant::Fp8E4m3 => (1, 1),
+        Quant::Q8_0 => (32, 34),
+        Quant::Q4_0 => (32, 18),
+        Quant::Q5_0 => (32, 22),
+        Quant::Q4K => (256, 144),
+        Quant::Q6K => (256, 210),
+        Quant::NvFp4 => return None,
+    })
+}
+
+/// Activations of a block-format GEMV: int8 per 32 (`xq`) and per group {d, d*sum(q)} (`xds`,
+/// two floats per group), as written by [`CudaDevice::quantize_q8`].
+pub struct Q8Activations {
+    pub xq: CudaSlice<i8>,
+    pub xds: CudaSlice<f32>,
+}
+
+impl CudaDevice {
+    /// Buffers for `len` quantised activation values (`len % 32 == 0`).
+    pub fn q8_activations(&self, len: usize) -> Result<Q8Activations, CudaError> {
+        if len % 32 != 0 {
+            return Err(invalid(
+                "quantize_q8",
+                format!("{len} values is not a multiple of 32"),
+            ));
+        }
+        Ok(Q8Activations {
+            xq: self.upload(&vec![0i8; len])?,
+            xds: self.filled_f32(len / 16, 0.0)?,
+        })
+    }
+
+    /// Quantise `x` (any number of rows, total a multiple of 32) into `act`.
+    pub fn quantize_q8(
+        &self,
+        spec: &'static KernelSpec,
+        x: &CudaSlice<f32>,
+        act: &mut Q8Activations,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "quantize_q8";
+        expect_op(spec, Op::QuantizeQ8, OP)?;
+        let len = x.len();
+        if len == 0 || len % 32 != 0 || act.xq.len() < len || act.xds.len() < len / 16 {
+            return Err(invalid(
+                OP,
+                format!("x {len} / xq {} / xds {}", act.xq.len(), act.xds.len()),
+            ));
+        }
+        let groups = int(OP, "groups", len / 32)?;
+        let f = self.function(spec)?;
+        let cfg = LaunchConfig {
+            grid_dim: (((len / 32).div_ceil(8)).min(65535) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(x).arg(&mut act.xq).arg(&mut act.xds).arg(&groups);
+        // SAFETY: matches (const float* x, i8* xq, float2* xds, int n_groups); sizes checked.
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
+        Ok(())
+    }
+
+    /// `y[b][r] = sum_j W[r][j] x[b][j]` for `b < spec.key.batch`: `w` holds `n` rows of `k`
+    /// elements in the GGUF layout of `spec.key.quant`. Float formats read `x` (f32, batch*k);
+    /// block formats read `act` (from [`Self::quantize_q8`] of x). `grid` = blocks of 4 warps
+    /// (None: one row per warp, the measured best on H200).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv(
+        &self,
+        spec: &'static KernelSpec,
+        w: &CudaSlice<u8>,
+        x: &CudaSlice<f32>,
+        act: &Q8Activations,
+        y: &mut CudaSlice<f32>,
+        n: usize,
+        k: usize,
+        grid: Option<u32>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "gemv";
+        expect_op(spec, Op::Gemv, OP)?;
+        let (be, bb) = weight_block(spec.key.quant)
+            .ok_or_else(|| invalid(OP, format!("{} unsupported", spec.key.quant)))?;
+        let batch = spec.key.batch.value().unwrap_or(1) as usize;
+        let block_fmt = be > 1;
+        if n == 0 || k == 0 || k % be != 0 || (block_fmt && k % 32 != 0) {
+            return Err(invalid(OP, format!("n={n} k={k} for {}", spec.key.quant)));
+        }
+        if w.len() < n * (k / be) * bb || y.len() < batch * n {
+            return Err(invalid(
+                OP,
+                format!(
+                    "w {} bytes / y {} for n={n} k={k} batch={batch}",
+                    w.len(),
+                    y.len()
+                ),
+            ));
+        }
+        if block_fmt && (act.xq.len() < batch * k || act.xds.len() < batch * k / 16) {
+            return Err(invalid(
+                OP,
+                format!(
+                    "activations hold {} values, need {}",
+                    act.xq.len(),
+                    batch * k
+                ),
+            ));
+        }
+        if !block_fmt && x.len() < batch * k {
+            return Err(invalid(
+                OP,
+                format!("x holds {} values, need {}", x.len(), batch * k),
+            ));
+        }
+        let (n32, k32) = (int(OP, "n", n)?, int(OP, "k", k)?);
+        let grid = grid.unwrap_or(n.div_ceil(4) as u32).max(1);
+        let f = self.function(spec)?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(w)
+            .arg(x)
+            .arg(&act.xq)
+            .arg(&act.xds)
+            .arg(y)
+            .arg(&n32)
+            .arg(&k32);
+        // SAFETY: matches (const u8* w, const float* x, const i8* xq, const float2* xds, float* y,
+        // int n, int k), 128 threads; every buffer was checked to hold what the kernel reads.
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
+        Ok(())
+    }
+
+    /// `c[m][n] = a[m][k] . w[n][k]^T` (f32 out). bf16: `a`, `w` hold bf16 bits. fp8_e4m3:
+    /// E4M3 bytes, `a_scale` one float, `w_scale` [ceil(n/128)][ceil(k/128)]. Block formats
+    /// (q8_0 q4_0 q5_0 q4_k q6_k): `w` in its GGUF layout, `a` bf16; scales unused.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(
+        &self,
+        spec: &'static KernelSpec,
+        a: &CudaSlice<u8>,
+        w: &CudaSlice<u8>,
+        c: &mut CudaSlice<f32>,
+        (m, n, k): (usize, usize, usize),
+        w_scale: &CudaSlice<f32>,
+        a_scale: &CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "gemm";
+        expect_op(spec, Op::Gemm, OP)?;
+        // activation element size; weight (elements, bytes) per block
+        let q = spec.key.quant;
+        let es = if q == Quant::Fp8E4m3 { 1 } else { 2 };
+        let (be, bb) = weight_block(q).ok_or_else(|| invalid(OP, format!("no gemm for {q}")))?;
+        if m == 0 || n == 0 || k == 0 || (k * es) % 16 != 0 || k % be != 0 {
+            return Err(invalid(
+                OP,
+                format!("m={m} n={n} k={k}: k*{es} bytes must be a multiple of 16 and k of {be}"),
+            ));
+        }
+        let kb = k.div_ceil(128);
+        if a.len() < m * k * es || w.len() < n * (k / be) * bb || c.len() < m * n {
+            return Err(invalid(
+                OP,
+                format!("a {} / w {} / c {} too small", a.len(), w.len(), c.len()),
+            ));
+        }
+        if spec.key.quant == Quant::Fp8E4m3
+            && (w_scale.len() < n.div_ceil(128) * kb || a_scale.is_empty())
+        {
+            return Err(invalid(OP, "fp8 scales too small".into()));
+        }
+        let tile = spec.param_u32("tile").unwrap_or(64) as usize;
+        let (mi, ni, ki, kbi) = (
+            int(OP, "m", m)?,
+            int(OP, "n", n)?,
+            int(OP, "k", k)?,
+            kb as i32,
+        );
+        let f = self.function(spec)?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(tile) as u32, m.div_ceil(tile) as u32, 1),
+            block_dim: ((64 * tile / 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(a)
+            .arg(w)
+            .arg(c)
+            .arg(&mi)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(w_scale)
+            .arg(a_scale)
+            .arg(&kbi);
+        // SAFETY: matches (const u8* A, const u8* W, float* C, int M, int N, int K,
+        // const float* w_scale, const float* a_scale, int ws_cols); sizes checked above.
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
+        Ok(())
+    }
+
+    /// Read `buf` once (a multiple of 16 bytes); each of `grid*256` threads XORs what it read
+    /// into `sink`.
+    pub fn read_bw(
+        &self,
+        spec: &'static KernelSpec,
+        buf: &CudaSlice<u8>,
+        sink: &mut CudaSlice<u32>,
+        grid: u32,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "read_bw";
+        expect_op(spec, Op::ReadBw, OP)?;
+        if buf.len() % 16 != 0 || sink.len() < grid as usize * 256 || grid == 0 {
+            return Err(invalid(
+                OP,
+                format!(
+                    "buffer {} bytes, sink {} for grid {grid}",
+                    buf.len(),
+                    sink.len()
+                ),
+            ));
+        }
+        let n16 = (buf.len() / 16) as i64;
+        let f = self.function(spec)?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(buf).arg(&n16).arg(sink);
+        // SAFETY: matches (const uint4* p, long long n16, u32* sink); sink holds grid*256 words.
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
+        Ok(())
+    }
+}

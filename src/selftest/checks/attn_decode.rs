@@ -1,0 +1,139 @@
+//! Decode attention over a paged FP8 E4M3 KV cache vs `ops::attention_ref` on the dequantised
+//! cache: GQA groups 1..16, pages handed out in shuffled order, several sequences of different
+//! lengths (one of length 1), sliding windows, softcap, one and many splits.
+
+use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
+use crate::backend::cuda::{AttnDecodeLaunch, CudaError};
+use crate::kernels::{KernelKey, KernelSpec, Op};
+use crate::ops::attention_ref::{attention_decode, DecodeAttn};
+use crate::quant::{e4m3_to_f32, f32_to_e4m3};
+use rand::seq::SliceRandom;
+use rand::Rng;
+
+pub struct AttnDecodeCheck;
+
+struct Case {
+    hq: usize,
+    hkv: usize,
+    lens: Vec<usize>,
+    window: usize,
+    softcap: f32,
+    splits: usize,
+}
+
+fn cases(d: usize) -> Vec<Case> {
+    let c = |hq, hkv, lens: &[usize], window, softcap, splits| Case {
+        hq,
+        hkv,
+        lens: lens.to_vec(),
+        window,
+        softcap,
+        splits,
+    };
+    match d {
+        128 => vec![c(32, 8, &[1000, 37], 0, 0.0, 8), c(4, 4, &[300], 0, 0.0, 1)],
+        256 => vec![
+            c(16, 8, &[1500, 700], 1024, 50.0, 6),
+            c(8, 1, &[513], 0, 0.0, 16),
+        ],
+        _ => vec![
+            c(16, 1, &[777, 1], 0, 0.0, 8),
+            c(8, 2, &[2000], 512, 30.0, 4),
+        ],
+    }
+}
+
+impl KernelCheck for AttnDecodeCheck {
+    fn name(&self) -> &'static str {
+        "attn_decode"
+    }
+    fn covers(&self, key: &KernelKey) -> bool {
+        key.op == Op::AttnDecode
+    }
+    fn bound(&self, _: &KernelKey) -> f64 {
+        2e-3 // f32 with __expf against f64 (measured ~5e-7 max-abs/max-ref on H200)
+    }
+    fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
+        let d = spec.key.head_dim.value().unwrap_or(0) as usize;
+        let page = 64usize;
+        let mut cmp = Comparison::default();
+        let mut micros = 0.0;
+        for (ci, c) in cases(d).into_iter().enumerate() {
+            let rng = &mut cx.rng;
+            let b = c.lens.len();
+            let max_pages = c.lens.iter().max().copied().unwrap_or(1).div_ceil(page);
+            let pages = b * max_pages;
+            let mut order: Vec<i32> = (0..pages as i32).collect();
+            order.shuffle(rng);
+            let n = pages * c.hkv * page * d;
+            let kc: Vec<u8> = (0..n)
+                .map(|_| f32_to_e4m3((rng.random::<f32>() - 0.5) * 4.0))
+                .collect();
+            let vc: Vec<u8> = (0..n)
+                .map(|_| f32_to_e4m3((rng.random::<f32>() - 0.5) * 4.0))
+                .collect();
+            let q: Vec<f32> = (0..b * c.hq * d)
+                .map(|_| rng.random::<f32>() - 0.5)
+                .collect();
+            let p = AttnDecodeLaunch {
+                batch: b,
+                hq: c.hq,
+                hkv: c.hkv,
+                page_size: page,
+                max_pages,
+                splits: c.splits,
+                scale: 1.0 / (d as f32).sqrt(),
+                k_scale: 0.5,
+                v_scale: 1.5,
+                softcap: c.softcap,
+                window: c.window,
+            };
+            let mut want = Vec::new();
+            for (s, &len) in c.lens.iter().enumerate() {
+                let (mut kd, mut vd) = (vec![0f32; len * c.hkv * d], vec![0f32; len * c.hkv * d]);
+                for j in 0..len {
+                    let pg = order[s * max_pages + j / page] as usize;
+                    for h in 0..c.hkv {
+                        let (src, dst) = (
+                            ((pg * c.hkv + h) * page + j % page) * d,
+                            (j * c.hkv + h) * d,
+                        );
+                        for e in 0..d {
+                            kd[dst + e] = e4m3_to_f32(kc[src + e]) * p.k_scale;
+                            vd[dst + e] = e4m3_to_f32(vc[src + e]) * p.v_scale;
+                        }
+                    }
+                }
+                let r = DecodeAttn {
+                    hq: c.hq,
+                    hkv: c.hkv,
+                    head_dim: d,
+                    scale: p.scale,
+                    softcap: c.softcap,
+                    window: c.window,
+                };
+                let o = attention_decode(&q[s * c.hq * d..(s + 1) * c.hq * d], &kd, &vd, len, &r)
+                    .map_err(|e| CudaError::Invalid {
+                    op: "selftest",
+                    detail: e.to_string(),
+                })?;
+                want.extend(o);
+            }
+            let lens: Vec<i32> = c.lens.iter().map(|&l| l as i32).collect();
+            let (dq, dk, dv) = (cx.dev.upload(&q)?, cx.dev.upload(&kc)?, cx.dev.upload(&vc)?);
+            let (dbt, dl) = (cx.dev.upload(&order)?, cx.dev.upload(&lens)?);
+            let mut scratch = cx.dev.attn_scratch(&p, d)?;
+            let mut out = cx.dev.filled_f32(b * c.hq * d, f32::NAN)?;
+            cx.dev
+                .attn_decode(spec, &p, &dq, &dk, &dv, &dbt, &dl, &mut scratch, &mut out)?;
+            cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
+            if ci == 0 {
+                let dev = cx.dev;
+                micros = time_us(dev, cx.iters, || {
+                    dev.attn_decode(spec, &p, &dq, &dk, &dv, &dbt, &dl, &mut scratch, &mut out)
+                })?;
+            }
+        }
+        Ok(Measured { cmp, micros })
+    }
+}
