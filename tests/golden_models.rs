@@ -30,6 +30,14 @@ const EXPECTED: &[(Arch, &[&str])] = &[
     (Arch::DiffusionGemma, &["diffusion_gemma"]),
 ];
 
+/// Architectures that are detected but have no reference forward yet, and why. Loading them
+/// must fail with a clear error; once a forward lands, `has_forward` turns true and the
+/// coverage test demands a golden case.
+const DETECTED_ONLY: &[(Arch, &str)] = &[(
+    Arch::DiffusionGemma,
+    "the block text-diffusion engine is a later issue; issue 3 asks only for detection",
+)];
+
 fn golden_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("golden")
@@ -398,6 +406,14 @@ fn every_architecture_has_a_golden_case() {
         .collect();
     let mut missing = Vec::new();
     for arch in Arch::ALL {
+        if !fucina::model::registry::has_forward(arch) {
+            assert!(
+                DETECTED_ONLY.iter().any(|(a, _)| *a == arch),
+                "{} has no forward and is not listed in DETECTED_ONLY with a reason",
+                arch.name()
+            );
+            continue;
+        }
         if !have.iter().any(|(a, _)| a == arch.name()) {
             let expected = EXPECTED
                 .iter()

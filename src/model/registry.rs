@@ -16,13 +16,19 @@ pub struct LoadOptions {
     pub max_context: usize,
 }
 
-/// Architectures `load_model` can build today. The others are detected but refused with a
-/// clear error until their module lands.
+/// Architectures `load_model` can build today as stand-alone causal LMs. The others are
+/// detected but refused with a clear error.
 pub fn loadable(arch: Arch) -> bool {
     matches!(
         arch,
-        Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe
+        Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe | Arch::Gemma3 | Arch::Gemma4
     )
+}
+
+/// Architectures with a reference forward: the loadable ones plus draft heads, which run
+/// attached to a target model (`model::gemma4::assistant`). Each needs a golden case.
+pub fn has_forward(arch: Arch) -> bool {
+    loadable(arch) || arch == Arch::Gemma4Assistant
 }
 
 /// Detect the architecture of `ckpt` and build the model on `backend`.
@@ -45,10 +51,18 @@ pub fn load_detected<B: Backend>(
     match det.arch {
         Arch::Qwen3 | Arch::Qwen3Moe => crate::model::qwen3::load(ckpt, det, backend, opts),
         Arch::Qwen35 | Arch::Qwen35Moe => crate::model::qwen35::load(ckpt, det, backend, opts),
-        other => Err(ModelError::Other(format!(
-            "architecture {} is detected but not implemented yet",
-            other.name()
-        ))),
+        Arch::Gemma3 => crate::model::gemma3::load(ckpt, det, backend, opts),
+        Arch::Gemma4 => crate::model::gemma4::load(ckpt, det, backend, opts),
+        Arch::Gemma4Assistant => Err(ModelError::Other(
+            "gemma4-assistant is an MTP draft head, not a stand-alone model: it runs attached to \
+             a Gemma 4 target (--assistant)"
+                .into(),
+        )),
+        Arch::DiffusionGemma => Err(ModelError::Other(
+            "diffusion-gemma is detected, but the text-diffusion engine is not implemented yet; \
+             supported: gemma3, gemma4, qwen3, qwen3moe, qwen35, qwen35moe"
+                .into(),
+        )),
     }
 }
 
