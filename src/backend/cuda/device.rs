@@ -52,6 +52,12 @@ impl CudaDevice {
         if arches.is_empty() {
             return Err(CudaError::UnsupportedDevice { major, minor });
         }
+        // One stream per device, ordered by construction: cudarc's per-slice event tracking
+        // (on once a second stream exists) would record and wait on events inside CUDA graph
+        // captures, which invalidates them.
+        // SAFETY: every slice of this context is allocated, used and freed on `stream` only, so
+        // stream order alone keeps uses after allocation and frees after uses.
+        unsafe { ctx.disable_event_tracking() };
         // a created stream, not the legacy default one: CUDA graphs can capture it
         let stream = ctx.new_stream().map_err(drv("creating stream"))?;
         Ok(CudaDevice {

@@ -20,6 +20,10 @@ fn f32_to_e2m1(x: f32) -> u8 {
         return sign | 7;
     }
     let a = x.abs();
+    if a >= 6.0 {
+        // saturating (satfinite), infinities included: every distance to the grid is inf there
+        return sign | 7;
+    }
     let mut best = 0usize;
     for c in 1..8 {
         let (d, bd) = ((E2M1_GRID[c] - a).abs(), (E2M1_GRID[best] - a).abs());
@@ -169,6 +173,8 @@ mod tests {
             assert_eq!(f32_to_e2m1(v), c, "{v}");
         }
         assert_eq!(f32_to_e2m1(100.0), 7);
+        assert_eq!(f32_to_e2m1(f32::INFINITY), 7);
+        assert_eq!(f32_to_e2m1(f32::NEG_INFINITY), 15);
         assert_eq!(f32_to_e2m1(0.3), 1);
         assert_eq!(e2m1_to_f32(f32_to_e2m1(-2.9)), -3.0);
     }
