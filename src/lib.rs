@@ -4,9 +4,12 @@
 //! architecture over the `backend` trait) -> `backend::{cpu, cuda}` -> generated kernels.
 //! Weights come from `gguf` / `safetensors` through `weights`, decoded by `quant`.
 
+pub mod backend;
+pub mod chat;
+pub mod engine;
 pub mod model;
 pub mod ops;
 pub mod quant;
+pub mod server;
 pub mod tokenizer;
-pub mod backend;
 pub mod weights;

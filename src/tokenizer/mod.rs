@@ -35,7 +35,10 @@ impl Tokenizer {
             path: path.display().to_string(),
             msg: e.to_string(),
         })?;
-        Ok(Self { inner, special: SpecialTokens::default() })
+        Ok(Self {
+            inner,
+            special: SpecialTokens::default(),
+        })
     }
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
@@ -52,7 +55,9 @@ impl Tokenizer {
     }
 
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
-        self.inner.decode(ids, skip_special).map_err(|e| TokenizerError::Codec(e.to_string()))
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| TokenizerError::Codec(e.to_string()))
     }
 
     pub fn token_to_id(&self, tok: &str) -> Option<u32> {

@@ -15,7 +15,10 @@ pub enum TensorFormat {
     /// FP8 E4M3 with a scale per `[block_rows, block_cols]` block (`weight_scale_inv`, f32
     /// `[ceil(rows/br), ceil(cols/bc)]`). Per-tensor FP8 is a 1x1 grid covering everything;
     /// per-row FP8 is blocks of `[1, cols]`.
-    Fp8 { block_rows: usize, block_cols: usize },
+    Fp8 {
+        block_rows: usize,
+        block_cols: usize,
+    },
     /// NVFP4: packed E2M1 pairs (low nibble first), an E4M3 scale per 16 elements along a row,
     /// and one f32 global multiplier.
     NvFp4,
@@ -43,7 +46,9 @@ pub enum ScaleData<'a> {
 impl ScaleData<'_> {
     pub fn get(&self, i: usize) -> f32 {
         match self {
-            ScaleData::F32(b) => f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]),
+            ScaleData::F32(b) => {
+                f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+            }
             ScaleData::Bf16(b) => quant::bf16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])),
             ScaleData::F16(b) => quant::f16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])),
             ScaleData::E4m3(b) => quant::e4m3_to_f32(b[i]),
@@ -102,11 +107,19 @@ impl<'a> TensorRef<'a> {
     }
 
     fn invalid(&self, detail: impl Into<String>) -> WeightsError {
-        WeightsError::Invalid { name: self.name.clone(), detail: detail.into() }
+        WeightsError::Invalid {
+            name: self.name.clone(),
+            detail: detail.into(),
+        }
     }
 
     /// Dequantise rows `[row0, row0 + n)` of the `[rows, cols]` view into `out` (`n * cols`).
-    pub fn dequantize_rows(&self, row0: usize, n: usize, out: &mut [f32]) -> Result<(), WeightsError> {
+    pub fn dequantize_rows(
+        &self,
+        row0: usize,
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), WeightsError> {
         let (rows, cols) = (self.rows(), self.cols());
         if row0 + n > rows || out.len() != n * cols {
             return Err(self.invalid(format!(
@@ -116,22 +129,31 @@ impl<'a> TensorRef<'a> {
         }
         match self.format {
             TensorFormat::Ggml(ty) => {
-                let rb = ty
-                    .row_bytes(cols)
-                    .map_err(|source| WeightsError::Quant { name: self.name.clone(), source })?;
+                let rb = ty.row_bytes(cols).map_err(|source| WeightsError::Quant {
+                    name: self.name.clone(),
+                    source,
+                })?;
                 let need = rb * rows;
                 if self.data.len() < need {
                     return Err(self.invalid(format!("{} bytes, need {need}", self.data.len())));
                 }
                 let src = &self.data[row0 * rb..(row0 + n) * rb];
-                quant::dequantize(ty, src, out)
-                    .map_err(|source| WeightsError::Quant { name: self.name.clone(), source })
+                quant::dequantize(ty, src, out).map_err(|source| WeightsError::Quant {
+                    name: self.name.clone(),
+                    source,
+                })
             }
-            TensorFormat::Fp8 { block_rows, block_cols } => {
+            TensorFormat::Fp8 {
+                block_rows,
+                block_cols,
+            } => {
                 if self.data.len() < rows * cols || block_rows == 0 || block_cols == 0 {
                     return Err(self.invalid("FP8 data shorter than its shape"));
                 }
-                let sc = self.scales.block.ok_or_else(|| self.invalid("FP8 weight without scales"))?;
+                let sc = self
+                    .scales
+                    .block
+                    .ok_or_else(|| self.invalid("FP8 weight without scales"))?;
                 let gc = cols.div_ceil(block_cols);
                 let gr = rows.div_ceil(block_rows);
                 if sc.len() < gr * gc {
@@ -150,7 +172,10 @@ impl<'a> TensorRef<'a> {
                 if cols % 16 != 0 || self.data.len() < rows * cols / 2 {
                     return Err(self.invalid("NVFP4 data does not match its shape"));
                 }
-                let sc = self.scales.block.ok_or_else(|| self.invalid("NVFP4 weight without scales"))?;
+                let sc = self
+                    .scales
+                    .block
+                    .ok_or_else(|| self.invalid("NVFP4 weight without scales"))?;
                 if sc.len() < rows * cols / 16 {
                     return Err(self.invalid("NVFP4 scales shorter than the shape needs"));
                 }
