@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod chat;
+pub mod cli;
 pub mod engine;
 pub mod model;
 pub mod ops;

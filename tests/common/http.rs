@@ -21,7 +21,10 @@ pub struct Resp {
 
 impl Resp {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body)
@@ -32,13 +35,20 @@ impl Resp {
     }
     /// `data:` payloads of an SSE body.
     pub fn sse_data(&self) -> Vec<String> {
-        self.text().lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+        self.text()
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_string)
+            .collect()
     }
 }
 
 fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+    {
         req.push_str("Content-Type: application/json\r\n");
     }
     for (k, v) in headers {
@@ -50,9 +60,17 @@ fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]
     out
 }
 
-pub async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+pub async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Resp {
     let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(&request_bytes(method, path, headers, body)).await.expect("write");
+    s.write_all(&request_bytes(method, path, headers, body))
+        .await
+        .expect("write");
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).await.expect("read");
     parse(&raw)
@@ -67,9 +85,21 @@ pub async fn get(addr: SocketAddr, path: &str) -> Resp {
 }
 
 /// Open a request and return the socket after reading at least `min_bytes` of the response.
-pub async fn open_partial(addr: SocketAddr, path: &str, body: &serde_json::Value, min_bytes: usize) -> TcpStream {
+pub async fn open_partial(
+    addr: SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+    min_bytes: usize,
+) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(&request_bytes("POST", path, &[], body.to_string().as_bytes())).await.unwrap();
+    s.write_all(&request_bytes(
+        "POST",
+        path,
+        &[],
+        body.to_string().as_bytes(),
+    ))
+    .await
+    .unwrap();
     let mut got = 0;
     let mut buf = [0u8; 4096];
     while got < min_bytes {
@@ -81,26 +111,48 @@ pub async fn open_partial(addr: SocketAddr, path: &str, body: &serde_json::Value
 }
 
 fn parse(raw: &[u8]) -> Resp {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("no header end");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("no header end");
     let head = String::from_utf8_lossy(&raw[..split]).into_owned();
     let mut lines = head.split("\r\n");
-    let status: u16 = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let status: u16 = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_string(), v.trim().to_string())))
+        .filter_map(|l| {
+            l.split_once(':')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        })
         .collect();
     let mut body = raw[split + 4..].to_vec();
-    let chunked = headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
     if chunked {
         body = dechunk(&body);
     }
-    Resp { status, headers, body }
+    Resp {
+        status,
+        headers,
+        body,
+    }
 }
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
-        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else { break };
-        let size = usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap_or(0);
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            break;
+        };
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[..eol]).unwrap().trim(), 16).unwrap_or(0);
         if size == 0 {
             break;
         }
@@ -111,22 +163,41 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 }
 
 /// Start the server on an ephemeral loopback port with the scripted model.
-pub async fn start(cfg: ServerConfig, max_context: usize, delay: Duration) -> (SocketAddr, Arc<AppState>) {
+pub async fn start(
+    cfg: ServerConfig,
+    max_context: usize,
+    delay: Duration,
+) -> (SocketAddr, Arc<AppState>) {
     let lm = ScriptedLm::new(max_context, delay);
     let tok = Arc::new(super::tokenizer());
     let engine = scheduler::spawn(
         lm,
         tok.clone(),
-        SchedulerConfig { model_id: "scripted-test".into(), skip_special: false, prefix_reuse: true },
+        SchedulerConfig {
+            model_id: "scripted-test".into(),
+            skip_special: false,
+            prefix_reuse: true,
+        },
     );
-    let chat = ChatFormat::new(Dialect::detect(&tok).unwrap(), TemplateFiles::default(), ChatFormat::special_from_tokenizer(&tok)).unwrap();
+    let chat = ChatFormat::new(
+        Dialect::detect(&tok).unwrap(),
+        TemplateFiles::default(),
+        ChatFormat::special_from_tokenizer(&tok),
+    )
+    .unwrap();
     let state = AppState::new(cfg);
-    state.set_loaded(Loaded { engine, tokenizer: tok, chat: Some(chat) });
+    state.set_loaded(Loaded {
+        engine,
+        tokenizer: tok,
+        chat: Some(chat),
+    });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let st = state.clone();
     tokio::spawn(async move {
-        fucina::server::serve(listener, st, std::future::pending()).await.unwrap();
+        fucina::server::serve(listener, st, std::future::pending())
+            .await
+            .unwrap();
     });
     (addr, state)
 }

@@ -13,12 +13,22 @@ use fucina::tokenizer::{SpecialTokens, Tokenizer};
 use serde_json::json;
 
 pub const EOT: u32 = 258; // <|im_end|>
-pub const SPECIALS: [&str; 7] =
-    ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"];
+pub const SPECIALS: [&str; 7] = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+];
 
 /// GPT-2's byte -> printable char map.
 fn byte_chars() -> Vec<char> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -43,8 +53,10 @@ pub fn tokenizer() -> Tokenizer {
     let added: Vec<_> = SPECIALS
         .iter()
         .enumerate()
-        .map(|(i, s)| json!({"id": 256 + i, "content": s, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": i < 3}))
+        .map(|(i, s)| {
+            json!({"id": 256 + i, "content": s, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": i < 3})
+        })
         .collect();
     let spec = json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
@@ -57,7 +69,14 @@ pub fn tokenizer() -> Tokenizer {
                   "vocab": vocab, "merges": []}
     });
     let inner: tokenizers::Tokenizer = spec.to_string().parse().expect("test tokenizer");
-    Tokenizer::from_tokenizers(inner, SpecialTokens { bos: None, eos: vec![256, EOT], pad: None })
+    Tokenizer::from_tokenizers(
+        inner,
+        SpecialTokens {
+            bos: None,
+            eos: vec![256, EOT],
+            pad: None,
+        },
+    )
 }
 
 pub const REPLY_DEFAULT: &str = "Hello from the test model.";
@@ -77,7 +96,12 @@ impl ScriptedLm {
     pub fn new(max_context: usize, delay: Duration) -> Arc<Self> {
         let tok = Arc::new(tokenizer());
         Arc::new(Self {
-            info: ModelInfo { arch: "scripted".into(), vocab_size: 256 + SPECIALS.len(), hidden_size: 8, max_context },
+            info: ModelInfo {
+                arch: "scripted".into(),
+                vocab_size: 256 + SPECIALS.len(),
+                hidden_size: 8,
+                max_context,
+            },
             tok,
             delay,
         })
@@ -89,7 +113,13 @@ impl CausalLm for ScriptedLm {
         &self.info
     }
     fn new_session(self: Arc<Self>) -> Box<dyn Session> {
-        Box::new(ScriptedSession { lm: self, toks: Vec::new(), prompt_end: 0, reset: true, script: Vec::new() })
+        Box::new(ScriptedSession {
+            lm: self,
+            toks: Vec::new(),
+            prompt_end: 0,
+            reset: true,
+            script: Vec::new(),
+        })
     }
 }
 
@@ -103,7 +133,12 @@ struct ScriptedSession {
 
 impl ScriptedSession {
     fn choose_script(&mut self) {
-        let text: Vec<u8> = self.toks.iter().filter(|&&t| t < 256).map(|&t| t as u8).collect();
+        let text: Vec<u8> = self
+            .toks
+            .iter()
+            .filter(|&&t| t < 256)
+            .map(|&t| t as u8)
+            .collect();
         let has = |k: &str| text.windows(k.len()).any(|w| w == k.as_bytes());
         let reply = if has("TOOLCALL") {
             REPLY_TOOL.to_string()
@@ -134,10 +169,19 @@ impl Session for ScriptedSession {
             return Err(ModelError::Empty);
         }
         if self.toks.len() + tokens.len() > self.lm.info.max_context {
-            return Err(ModelError::ContextOverflow { len: self.toks.len() + tokens.len(), max: self.lm.info.max_context });
+            return Err(ModelError::ContextOverflow {
+                len: self.toks.len() + tokens.len(),
+                max: self.lm.info.max_context,
+            });
         }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.lm.info.vocab_size) {
-            return Err(ModelError::BadToken { id, vocab: self.lm.info.vocab_size });
+        if let Some(&id) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.lm.info.vocab_size)
+        {
+            return Err(ModelError::BadToken {
+                id,
+                vocab: self.lm.info.vocab_size,
+            });
         }
         if !self.lm.delay.is_zero() {
             std::thread::sleep(self.lm.delay);
@@ -154,14 +198,21 @@ impl Session for ScriptedSession {
         for _ in 0..rows {
             data.extend_from_slice(&row);
         }
-        Ok(Logits { rows, vocab: row.len(), data })
+        Ok(Logits {
+            rows,
+            vocab: row.len(),
+            data,
+        })
     }
     fn len(&self) -> usize {
         self.toks.len()
     }
     fn rewind(&mut self, n: usize) -> Result<(), ModelError> {
         if n > self.toks.len() {
-            return Err(ModelError::Rewind { to: n, why: "beyond the end".into() });
+            return Err(ModelError::Rewind {
+                to: n,
+                why: "beyond the end".into(),
+            });
         }
         self.toks.truncate(n);
         self.reset = true;
