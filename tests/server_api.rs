@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::http::{get, open_partial, post, send, start};
+use common::http::{get, post, send, start};
 use common::{REPLY_DEFAULT, SPECIALS};
 use fucina::server::ServerConfig;
 use serde_json::{json, Value};
@@ -383,4 +383,5 @@ async fn readyz_is_503_until_loaded() {
     assert!(r.header("retry-after").is_some());
 }
 
+#[path = "server_api/bad_input.rs"]
 mod bad_input;

@@ -80,7 +80,9 @@ pub struct ThinkBudget {
     pub open_id: u32,
     /// Whether the prompt already left the block open (generation starts inside it).
     pub starts_open: bool,
-    /// Token sequence that closes the block; forced when the budget is spent.
+    /// Token that marks the end of the block when the model writes it (`</think>`).
+    pub close_id: u32,
+    /// Token sequence forced when the budget is spent (contains `close_id`).
     pub close_ids: Vec<u32>,
     pub budget: usize,
 }

@@ -278,7 +278,7 @@ impl ThinkState {
         if !self.inside {
             return;
         }
-        if b.close_ids.first() == Some(&id) {
+        if id == b.close_id {
             self.inside = false;
             return;
         }

@@ -338,7 +338,7 @@ async fn collect(mut gen: Generation, model: String) -> Result<Response, ApiErro
             },
             GenItem::ToolCall(c) => blocks.push(json!({"type": "tool_use", "id": new_id("toolu_"), "name": c.name, "input": tool_input(&c.arguments)})),
             GenItem::Failed(e) => return Err(e),
-            GenItem::Done { reason, usage, tool_calls } => {
+            GenItem::Done { reason, usage, tool_calls, .. } => {
                 let (sr, seq) = stop_reason(&reason, tool_calls);
                 return Ok(Json(json!({
                     "id": new_id("msg_"), "type": "message", "role": "assistant", "model": model,
@@ -461,6 +461,7 @@ fn stream_task(
                         reason,
                         usage,
                         tool_calls,
+                        ..
                     } => {
                         close(&mut open, &mut index, &mut out);
                         let (sr, seq) = stop_reason(&reason, tool_calls);

@@ -40,6 +40,8 @@ pub struct CompletionRequest {
     pub n: Option<i64>,
     pub suffix: Option<Value>,
     pub response_format: Option<Value>,
+    /// Extension (as vLLM): include `prompt_token_ids` and `token_ids` in each choice.
+    pub return_token_ids: Option<bool>,
 }
 
 /// The prompt as token ids: a string (tokenised with the tokenizer's special tokens), a list of
@@ -133,6 +135,7 @@ async fn inner(
     }
     let max_tokens =
         params::resolve_max_tokens(r.max_tokens, prompt.len(), info.max_context, &st.cfg)?;
+    let ret_ids = r.return_token_ids.unwrap_or(false).then(|| prompt.clone());
     let echo = if r.echo.unwrap_or(false) {
         tok.decode(&prompt, false).unwrap_or_default()
     } else {
@@ -171,7 +174,7 @@ async fn inner(
             logprobs.is_some(),
         )))
     } else {
-        collect(gen, model, &tok, echo, logprobs.is_some()).await
+        collect(gen, model, &tok, echo, logprobs.is_some(), ret_ids).await
     }
 }
 
@@ -204,6 +207,7 @@ async fn collect(
     tok: &Tokenizer,
     echo: String,
     want_lp: bool,
+    ret_ids: Option<Vec<u32>>,
 ) -> Result<Response, ApiError> {
     let mut text = echo.clone();
     let mut lps = Vec::new();
@@ -215,18 +219,28 @@ async fn collect(
             }
             GenItem::Reasoning(_) | GenItem::ToolCall(_) => {}
             GenItem::Failed(e) => return Err(e),
-            GenItem::Done { reason, usage, .. } => {
+            GenItem::Done {
+                reason,
+                usage,
+                token_ids,
+                ..
+            } => {
                 let logprobs = if want_lp {
                     legacy_logprobs(tok, &lps, echo.len())
                 } else {
                     Value::Null
                 };
+                let mut choice = json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason.openai()});
+                if let Some(p) = &ret_ids {
+                    choice["prompt_token_ids"] = json!(p);
+                    choice["token_ids"] = json!(token_ids);
+                }
                 return Ok(Json(json!({
                     "id": new_id("cmpl-"),
                     "object": "text_completion",
                     "created": unix_now(),
                     "model": model,
-                    "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason.openai()}],
+                    "choices": [choice],
                     "usage": usage_json(&usage),
                 }))
                 .into_response());

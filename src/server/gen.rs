@@ -22,10 +22,12 @@ pub enum GenItem {
     },
     Reasoning(String),
     ToolCall(ParsedToolCall),
+    /// Terminal; `token_ids` are every generated id, in order.
     Done {
         reason: FinishReason,
         usage: Usage,
         tool_calls: usize,
+        token_ids: Vec<u32>,
     },
     Failed(ApiError),
 }
@@ -39,6 +41,7 @@ pub struct Generation {
     deadline: Option<tokio::time::Instant>,
     started: Instant,
     first_token: bool,
+    token_ids: Vec<u32>,
     state: Arc<AppState>,
     _permit: OwnedSemaphorePermit,
 }
@@ -64,6 +67,7 @@ impl Generation {
             deadline,
             started,
             first_token: false,
+            token_ids: Vec::new(),
             state,
             _permit: permit,
         }
@@ -97,7 +101,8 @@ impl Generation {
                         "the engine stopped".into(),
                     )));
                 }
-                Some(Event::Token { text, logprobs, .. }) => {
+                Some(Event::Token { id, text, logprobs }) => {
+                    self.token_ids.push(id);
                     if !self.first_token {
                         self.first_token = true;
                         self.state.metrics.ttft.observe(self.started.elapsed());
@@ -126,10 +131,12 @@ impl Generation {
                             logprobs,
                         });
                     }
+                    let token_ids = std::mem::take(&mut self.token_ids);
                     self.queue.push_back(GenItem::Done {
                         reason,
                         usage,
                         tool_calls,
+                        token_ids,
                     });
                     self.finished = true;
                 }

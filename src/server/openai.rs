@@ -479,6 +479,7 @@ async fn chat_collect(
                 reason,
                 usage,
                 tool_calls,
+                ..
             } => {
                 let mut message = json!({"role": "assistant", "content": if content.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(content.clone()) }});
                 if !reasoning.is_empty() {
@@ -595,6 +596,7 @@ fn chat_stream(
                         reason,
                         usage,
                         tool_calls,
+                        ..
                     } => {
                         let mut out = chunk(
                             json!({}),

@@ -210,16 +210,18 @@ pub fn think_budget(
     starts_open: bool,
 ) -> Option<ThinkBudget> {
     let budget = budget?;
-    let (open, close) = match dialect {
-        Dialect::Qwen => ("<think>", "\n</think>\n\n"),
-        Dialect::Gemma4 => ("<|channel>", "<channel|>"),
+    let (open, marker, close) = match dialect {
+        Dialect::Qwen => ("<think>", "</think>", "\n</think>\n\n"),
+        Dialect::Gemma4 => ("<|channel>", "<channel|>", "<channel|>"),
         Dialect::Gemma3 => return None,
     };
     let open_id = tok.token_to_id(open)?;
+    let close_id = tok.token_to_id(marker)?;
     let close_ids = tok.encode(close, false).ok()?;
     Some(ThinkBudget {
         open_id,
         starts_open,
+        close_id,
         close_ids,
         budget,
     })

@@ -164,10 +164,12 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 
 /// Start the server on an ephemeral loopback port with the scripted model.
 pub async fn start(
-    cfg: ServerConfig,
+    mut cfg: ServerConfig,
     max_context: usize,
     delay: Duration,
 ) -> (SocketAddr, Arc<AppState>) {
+    // Greedy by default here: the scripted replies are exact; tests that sample say so.
+    cfg.defaults.temperature = 0.0;
     let lm = ScriptedLm::new(max_context, delay);
     let tok = Arc::new(super::tokenizer());
     let engine = scheduler::spawn(

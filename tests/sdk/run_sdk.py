@@ -118,7 +118,7 @@ def openai_errors():
 @case
 def anthropic_messages():
     m = an.messages.create(model="m", max_tokens=40, system="Be brief.",
-                           messages=[{"role": "user", "content": "hi"}], temperature=0)
+                           messages=[{"role": "user", "content": "hi"}], extra_body={"temperature": 0})
     assert m.role == "assistant" and m.stop_reason in ("end_turn", "max_tokens")
     assert m.usage.input_tokens > 0 and m.usage.output_tokens > 0
     if SCRIPTED:
@@ -127,7 +127,7 @@ def anthropic_messages():
 
 @case
 def anthropic_stream():
-    with an.messages.stream(model="m", max_tokens=40, messages=[{"role": "user", "content": "hi"}], temperature=0) as s:
+    with an.messages.stream(model="m", max_tokens=40, messages=[{"role": "user", "content": "hi"}], extra_body={"temperature": 0}) as s:
         text = "".join(s.text_stream)
         final = s.get_final_message()
     assert final.stop_reason in ("end_turn", "max_tokens")
