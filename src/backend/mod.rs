@@ -8,6 +8,7 @@
 //! - Ops return new tensors; the CPU backend allocates, a GPU backend draws from a pool.
 //! - Every fallible op returns `BackendError`; shape mismatches are errors, not panics.
 
+pub mod cpu;
 pub mod error;
 pub use error::BackendError;
 
@@ -124,62 +125,41 @@ pub trait Backend: Send + Sync + 'static {
     fn scale(&self, a: &Self::Tensor, s: f32) -> Result<Self::Tensor>;
     /// act(gate) * up.
     fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
-    /// x * sigmoid(gate).
+    /// x * sigmoid(gate); `gate` may also be `[n, 1]` (one gate per row, broadcast over columns,
+    /// as in Qwen3.5's shared-expert gate).
     fn sigmoid_gate(&self, x: &Self::Tensor, gate: &Self::Tensor) -> Result<Self::Tensor>;
     fn softcap(&self, x: &Self::Tensor, cap: f32) -> Result<Self::Tensor>;
     /// Columns `[start, start + len)` of every row.
     fn slice_cols(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor>;
+    /// Rows `[start, start + len)` (e.g. the last position before the LM head).
+    fn slice_rows(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor>;
     /// Concatenate along columns.
     fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
     /// Split every head of `x` (`n_heads` groups of `sum(sizes)` columns) into one tensor per
     /// part: `[n, n_heads * sum] -> [[n, n_heads * sizes[i]]]`.
-    fn split_heads(
-        &self,
-        x: &Self::Tensor,
-        n_heads: usize,
-        sizes: &[usize],
-    ) -> Result<Vec<Self::Tensor>>;
+    fn split_heads(&self, x: &Self::Tensor, n_heads: usize, sizes: &[usize])
+        -> Result<Vec<Self::Tensor>>;
 
     // ---- normalisation and position ----
     /// RMSNorm over groups of `dim` columns (dim == cols for a whole-row norm, head_dim for
     /// per-head q/k norms); the weight has `dim` entries.
-    fn rms_norm(
-        &self,
-        x: &Self::Tensor,
-        w: Norm<'_, Self::Tensor>,
-        eps: f32,
-        dim: usize,
-    ) -> Result<Self::Tensor>;
+    fn rms_norm(&self, x: &Self::Tensor, w: Norm<'_, Self::Tensor>, eps: f32, dim: usize)
+        -> Result<Self::Tensor>;
     /// L2-normalise groups of `dim` columns: x / sqrt(sum(x^2) + eps).
     fn l2_norm(&self, x: &Self::Tensor, eps: f32, dim: usize) -> Result<Self::Tensor>;
     /// Rotate `n_heads` heads of each row; row i is at position `pos0 + i`.
-    fn rope(
-        &self,
-        x: &Self::Tensor,
-        n_heads: usize,
-        pos0: usize,
-        rope: &Rope,
-    ) -> Result<Self::Tensor>;
+    fn rope(&self, x: &Self::Tensor, n_heads: usize, pos0: usize, rope: &Rope)
+        -> Result<Self::Tensor>;
 
     // ---- attention ----
     fn kv_cache(&self, shape: KvShape) -> Result<Self::KvCache>;
     /// Write `k`, `v` (`[n, n_kv*hd]`) at positions `pos0 .. pos0 + n`.
-    fn kv_write(
-        &self,
-        cache: &mut Self::KvCache,
-        pos0: usize,
-        k: &Self::Tensor,
-        v: &Self::Tensor,
-    ) -> Result<()>;
+    fn kv_write(&self, cache: &mut Self::KvCache, pos0: usize, k: &Self::Tensor, v: &Self::Tensor)
+        -> Result<()>;
     /// Causal attention of `q` (`[n, n_heads*hd]`, rows at `pos0 ..`) over the cache's
     /// positions `0 .. pos0 + n` (limited by the window). Returns `[n, n_heads*hd]`.
-    fn attention(
-        &self,
-        q: &Self::Tensor,
-        cache: &Self::KvCache,
-        pos0: usize,
-        p: &AttnParams,
-    ) -> Result<Self::Tensor>;
+    fn attention(&self, q: &Self::Tensor, cache: &Self::KvCache, pos0: usize, p: &AttnParams)
+        -> Result<Self::Tensor>;
     /// Copy the first `n` positions of `src` into `dst` (KV sharing / rewinds).
     fn kv_truncate(&self, cache: &mut Self::KvCache, len: usize) -> Result<()>;
 
@@ -199,12 +179,18 @@ pub trait Backend: Send + Sync + 'static {
     // ---- Gated DeltaNet (Qwen3.5 linear attention) ----
     /// Depthwise causal conv1d (kernel k) over columns, followed by SiLU. `state` holds the last
     /// `k-1` inputs `[k-1, channels]` and is updated. `w` is `[channels, k]`.
-    fn causal_conv1d_silu(
+    fn causal_conv1d_silu(&self, x: &Self::Tensor, w: &Self::Weight, state: &mut Self::Tensor)
+        -> Result<Self::Tensor>;
+    /// Gated DeltaNet gates: `g = neg_a * softplus(a + dt_bias)` and `beta = sigmoid(b)`, where
+    /// `a`, `b` are `[n, n_v]` and `neg_a` (= -exp(A_log)), `dt_bias` are `[1, n_v]`.
+    /// Returns `(g, beta)`.
+    fn gdn_gates(
         &self,
-        x: &Self::Tensor,
-        w: &Self::Weight,
-        state: &mut Self::Tensor,
-    ) -> Result<Self::Tensor>;
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        neg_a: &Self::Tensor,
+        dt_bias: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor)>;
     /// The gated delta rule, token by token. Per value head h (with key head kh(h)):
     /// S <- exp(g) S; delta = beta (v - S^T k); S <- S + k delta^T; o = S^T q.
     /// q, k: `[n, n_v_heads*dk]` (already expanded to value heads, normalised, q scaled);

@@ -1,5 +1,6 @@
 //! Loading the model, tokenizer and chat format named by the flags, and starting the engine.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -9,7 +10,10 @@ use crate::chat::{source, ChatFormat, Dialect};
 use crate::engine::scheduler::{self, SchedulerConfig};
 use crate::engine::EngineHandle;
 use crate::model::CausalLm;
+use crate::backend::cpu::CpuBackend;
+use crate::model::registry::{load_model as load_model_registry, LoadOptions};
 use crate::tokenizer::Tokenizer;
+use crate::weights::Checkpoint;
 
 /// Everything the front ends need.
 pub struct Ready {
@@ -72,15 +76,43 @@ pub fn load(a: &RunArgs) -> Result<Ready> {
 fn load_model(
     a: &RunArgs,
 ) -> Result<(Arc<dyn CausalLm>, Tokenizer, source::TemplateFiles, String)> {
-    // WIRE-AT-MERGE (wt-b, wt-c, wt-d/wt-g): the body is
-    //   let path = match &a.model { Some(p) => p.clone(), None => crate::assets::default_model_path()? };
-    //   let ckpt = crate::weights::Checkpoint::open(&path)?;
-    //   let tok = crate::tokenizer::load_for_checkpoint(&ckpt, a.tokenizer.as_deref())?;
-    //   let mut files = match ckpt.dir() { Some(d) => source::from_dir(d)?, None => Default::default() };
-    //   if files.source.is_none() { files.source = ckpt.gguf().and_then(|g| g.get_str("tokenizer.chat_template")).map(str::to_string); }
-    //   let model = crate::model::registry::load_model(&ckpt, Arc::new(CpuBackend::new()), &LoadOptions { max_context: a.ctx })?;
-    let _ = (&a.model, &a.tokenizer, a.ctx);
-    bail!(
-        "loading checkpoints is not wired into this build yet (needs the checkpoint, tokenizer and model-registry modules)"
-    )
+    let path = match &a.model {
+        Some(p) => p.clone(),
+        None => crate::assets::default_model_path().context("fetching the default model")?,
+    };
+    let ckpt = Checkpoint::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let tok = crate::tokenizer::load_for_checkpoint(&ckpt, a.tokenizer.as_deref())
+        .context("loading the tokenizer")?;
+    let files = template_files(&ckpt, a.tokenizer.as_deref())?;
+    // WIRE-AT-MERGE (wt-a): a CUDA backend when `--device cuda`.
+    let model = load_model_on(&ckpt, Arc::new(CpuBackend::new()), a.ctx)?;
+    let id = path
+        .file_name()
+        .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
+        .unwrap_or_else(|| model.info().arch.clone());
+    Ok((model, tok, files, id))
+}
+
+fn load_model_on<B: crate::backend::Backend>(
+    ckpt: &Checkpoint,
+    backend: Arc<B>,
+    ctx: usize,
+) -> Result<Arc<dyn CausalLm>> {
+    Ok(load_model_registry(ckpt, backend, &LoadOptions { max_context: ctx })?)
+}
+
+/// The chat template: files beside the weights (or the tokenizer override), else the GGUF's
+/// `tokenizer.chat_template`; none found means the dialect's built-in template.
+pub fn template_files(ckpt: &Checkpoint, tok_override: Option<&Path>) -> Result<source::TemplateFiles> {
+    let dir = tok_override
+        .map(|p| if p.is_dir() { p.to_path_buf() } else { p.parent().map(Path::to_path_buf).unwrap_or_default() })
+        .or_else(|| ckpt.dir().map(Path::to_path_buf));
+    let mut files = match dir {
+        Some(d) if d.is_dir() => source::from_dir(&d)?,
+        _ => source::TemplateFiles::default(),
+    };
+    if files.source.is_none() {
+        files.source = ckpt.gguf().and_then(|g| g.get_str("tokenizer.chat_template")).map(str::to_string);
+    }
+    Ok(files)
 }

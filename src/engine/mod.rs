@@ -9,7 +9,6 @@
 //! terminal event, [`Event::Finished`] or [`Event::Error`]. Dropping the stream cancels the
 //! request: the scheduler notices before its next forward pass and frees the slot.
 
-pub mod detok;
 pub mod metrics;
 pub mod sampling;
 pub mod scheduler;

@@ -6,14 +6,13 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::detok::IncrementalDecoder;
 use super::stop::{StopCheck, StopMatcher};
 use super::{
     EngineError, EngineHandle, EngineInfo, EngineMetrics, Event, FinishReason, Sampler, Submission,
     Usage,
 };
 use crate::model::{CausalLm, Session};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// Settings of the simple scheduler.
 #[derive(Debug, Clone)]
@@ -131,7 +130,7 @@ impl Worker {
         let mut eos: Vec<u32> = self.tokenizer.special.eos.clone();
         eos.extend(&req.stop.stop_token_ids);
         let mut sampler = Sampler::new(req.sampling.clone(), &req.prompt, vocab);
-        let mut detok = IncrementalDecoder::new(self.tokenizer.clone(), self.cfg.skip_special);
+        let mut detok = StreamDecoder::new(&self.tokenizer, self.cfg.skip_special);
         let mut stops = StopMatcher::new(req.stop.stop_strings.clone());
         let mut think = req.think_budget.as_ref().map(|b| ThinkState {
             inside: b.starts_open,
@@ -187,7 +186,7 @@ impl Worker {
                 let text = flush(&mut detok, &mut stops);
                 return finish(self, FinishReason::Eos, text, session, hist, usage);
             }
-            let piece = detok.push(id);
+            let piece = detok.push(id).ok().flatten().unwrap_or_default();
             match stops.feed(&piece) {
                 StopCheck::Stop { text, matched } => {
                     let _ = sub.events.send(Event::Token {
@@ -244,8 +243,8 @@ impl Worker {
     }
 }
 
-fn flush(detok: &mut IncrementalDecoder, stops: &mut StopMatcher) -> String {
-    let rest = detok.flush();
+fn flush(detok: &mut StreamDecoder, stops: &mut StopMatcher) -> String {
+    let rest = detok.finish().ok().flatten().unwrap_or_default();
     let mut out = match stops.feed(&rest) {
         StopCheck::Continue(t) => t,
         StopCheck::Stop { text, .. } => return text,

@@ -4,6 +4,15 @@
 //! Architecture code (one file per family) lives beside this module; the engine, server and CLI
 //! depend only on the traits here.
 
+pub mod common;
+pub mod gemma;
+pub mod gemma3;
+pub mod gemma4;
+pub mod qwen;
+pub mod qwen3;
+pub mod qwen35;
+pub mod registry;
+
 use std::sync::Arc;
 
 /// Static facts about a loaded model the layers above need.

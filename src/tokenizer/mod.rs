@@ -2,6 +2,21 @@
 //! GGUF files built into the same kind of tokenizer.
 
 use std::path::Path;
+use std::sync::Arc;
+
+mod bpe;
+mod load;
+mod special;
+mod spm;
+mod stream;
+mod tiktoken;
+mod vocab;
+
+pub use bpe::{QWEN2_PATTERN, QWEN35_PATTERN};
+pub use load::load_for_checkpoint;
+pub use stream::StreamDecoder;
+pub use tiktoken::QWEN35_SPECIAL_TOKENS;
+pub use vocab::{GgufVocab, TokenType, END_OF_GENERATION_MARKERS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -9,6 +24,10 @@ pub enum TokenizerError {
     Load { path: String, msg: String },
     #[error("tokenizer: {0}")]
     Codec(String),
+    #[error("tokenizer vocabulary: {0}")]
+    Vocab(String),
+    #[error("unsupported tokenizer: {0}")]
+    Unsupported(String),
 }
 
 /// Special tokens the engine needs.
@@ -20,25 +39,36 @@ pub struct SpecialTokens {
     pub pad: Option<u32>,
 }
 
+/// Cheap to clone: the `tokenizers` tokenizer is shared.
+#[derive(Clone)]
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Arc<tokenizers::Tokenizer>,
     pub special: SpecialTokens,
 }
 
 impl Tokenizer {
     pub fn from_tokenizers(inner: tokenizers::Tokenizer, special: SpecialTokens) -> Self {
-        Self { inner, special }
+        Self {
+            inner: Arc::new(inner),
+            special,
+        }
     }
 
+    /// A `tokenizer.json`; special tokens from it and from `tokenizer_config.json`,
+    /// `generation_config.json` and `config.json` in the same folder, where present.
     pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
         let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::Load {
             path: path.display().to_string(),
             msg: e.to_string(),
         })?;
-        Ok(Self {
-            inner,
-            special: SpecialTokens::default(),
-        })
+        let special = special::from_hf_dir(&inner, path.parent());
+        Ok(Self::from_tokenizers(inner, special))
+    }
+
+    /// The vocabulary a GGUF file carries, already read out of its metadata.
+    pub fn from_gguf_vocab(vocab: &GgufVocab) -> Result<Self, TokenizerError> {
+        let inner = vocab.build()?;
+        Ok(Self::from_tokenizers(inner, vocab.special_tokens()))
     }
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
@@ -71,4 +101,48 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+}
+
+/// BOS/EOS added around a single sequence, as a template post-processor (`None` when neither).
+pub(crate) fn post_processor(
+    tokens: &[String],
+    bos: Option<u32>,
+    eos: Option<u32>,
+    add_bos: bool,
+    add_eos: bool,
+) -> Result<Option<tokenizers::processors::template::TemplateProcessing>, TokenizerError> {
+    let bos = bos
+        .filter(|_| add_bos)
+        .map(|id| (tokens[id as usize].clone(), id));
+    let eos = eos
+        .filter(|_| add_eos)
+        .map(|id| (tokens[id as usize].clone(), id));
+    if bos.is_none() && eos.is_none() {
+        return Ok(None);
+    }
+    let mut specials: Vec<(String, u32)> = Vec::new();
+    for (t, id) in bos.iter().chain(eos.iter()) {
+        if !specials.iter().any(|(s, _)| s == t) {
+            specials.push((t.clone(), *id));
+        }
+    }
+    let seq = |name: &str, type_id: &str| -> Vec<String> {
+        let mut v: Vec<String> = bos.iter().map(|(t, _)| format!("{t}{type_id}")).collect();
+        v.push(format!("{name}{type_id}"));
+        v.extend(eos.iter().map(|(t, _)| format!("{t}{type_id}")));
+        v
+    };
+    let single = seq("$A", "");
+    let mut pair = seq("$A", "");
+    pair.extend(seq("$B", ":1"));
+    let err = |e: String| TokenizerError::Vocab(format!("post-processor: {e}"));
+    tokenizers::processors::template::TemplateProcessing::builder()
+        .try_single(single)
+        .map_err(err)?
+        .try_pair(pair)
+        .map_err(err)?
+        .special_tokens(specials)
+        .build()
+        .map(Some)
+        .map_err(|e| TokenizerError::Vocab(format!("post-processor: {e}")))
 }

@@ -4,7 +4,16 @@
 //! with whatever scale tensors its format needs. Shapes are in PyTorch order: a matrix is
 //! `[rows, cols]` = `[out, in]`, and quantisation blocks run along the last (contiguous) axis.
 
+use std::path::PathBuf;
+
 use crate::quant::{self, GgmlType, QuantError};
+
+pub mod checkpoint;
+mod formats;
+pub mod paths;
+pub mod safetensors;
+
+pub use checkpoint::Checkpoint;
 
 /// How a tensor's bytes encode its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +95,19 @@ pub enum WeightsError {
     Invalid { name: String, detail: String },
     #[error("tensor {0} not found")]
     Missing(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
+    #[error("{path}: not a valid safetensors file: {detail}")]
+    Safetensors { path: PathBuf, detail: String },
+    #[error("{path}: {detail}")]
+    Json { path: PathBuf, detail: String },
+    #[error("{path}: {detail}")]
+    Layout { path: PathBuf, detail: String },
 }
 
 impl<'a> TensorRef<'a> {

@@ -1,0 +1,26 @@
+//! Pieces shared by the architectures: where tensors and config values come from, weight
+//! assembly (expert banks), and the building blocks of a decoder layer written over `Backend`.
+
+pub mod blocks;
+pub mod config;
+pub mod source;
+
+pub use blocks::{AttentionLayer, Dense, MoeBlock, NormW};
+pub use config::{GgufMeta, JsonConfig};
+pub use source::{expert_bank, WeightSource};
+
+use crate::backend::BackendError;
+use crate::model::ModelError;
+
+/// Backend errors surface to the engine as model errors with the op's message.
+pub fn be_err(e: BackendError) -> ModelError {
+    ModelError::Other(e.to_string())
+}
+
+/// Shorthand: run a backend op, mapping its error.
+#[macro_export]
+macro_rules! bk {
+    ($e:expr) => {
+        $e.map_err($crate::model::common::be_err)
+    };
+}

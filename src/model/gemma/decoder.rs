@@ -1,0 +1,398 @@
+//! The Gemma decoder forward pass, written once over the `Backend` trait.
+//!
+//! Per layer (HF `Gemma3DecoderLayer` / `Gemma4TextDecoderLayer`):
+//! ```text
+//! h = attn_norm(x); q = rope(q_norm(Wq h)); k = rope(k_norm(Wk h)); v = [v_norm](Wv h | Wk h)
+//! x = x + post_attn_norm(Wo attention(q, KV))
+//! f = gelu_tanh(Wg ffn_norm(x)) * Wu ffn_norm(x) -> Wd     (+ MoE: post_norm_1(f) + experts)
+//! x = x + post_ffn_norm(f)
+//! [PLE]  x = x + ple_post_norm(Wp (gelu_tanh(Wgate x) * pli[layer]))
+//! [G4]   x = x * layer_scalar
+//! ```
+//! then `final_norm`, the (tied) head and the optional final soft-cap.
+
+use std::sync::Arc;
+
+use super::layers::{GemmaWeights, Layer};
+use super::spec::{GemmaSpec, NormForm};
+use super::weights::me;
+use crate::backend::{Activation, AttnParams, Backend, KvShape, Norm};
+use crate::model::{CausalLm, Logits, ModelError, ModelInfo, Session};
+
+pub struct GemmaModel<B: Backend> {
+    pub spec: GemmaSpec,
+    pub weights: GemmaWeights<B>,
+    pub backend: Arc<B>,
+    pub info: ModelInfo,
+}
+
+impl<B: Backend> GemmaModel<B> {
+    pub fn new(spec: GemmaSpec, weights: GemmaWeights<B>, backend: Arc<B>) -> Self {
+        let info = ModelInfo {
+            arch: spec.arch.to_string(),
+            vocab_size: spec.vocab,
+            hidden_size: spec.hidden,
+            max_context: spec.max_context,
+        };
+        GemmaModel {
+            spec,
+            weights,
+            backend,
+            info,
+        }
+    }
+
+    /// The norm form for a stored weight.
+    pub fn norm<'t>(&self, w: &'t B::Tensor) -> Norm<'t, B::Tensor> {
+        match self.spec.norm {
+            NormForm::OnePlus => Norm::OnePlus(w),
+            NormForm::Plain => Norm::Plain(w),
+        }
+    }
+
+    pub fn rms(&self, x: &B::Tensor, w: &B::Tensor) -> Result<B::Tensor, ModelError> {
+        self.backend
+            .rms_norm(x, self.norm(w), self.spec.eps, self.spec.hidden)
+            .map_err(me)
+    }
+
+    /// A fresh session with its own caches.
+    pub fn session(self: &Arc<Self>) -> Result<GemmaSession<B>, ModelError> {
+        let mut caches = Vec::with_capacity(self.spec.n_layers());
+        for l in &self.spec.layers {
+            caches.push(match l.kv_source {
+                Some(_) => None,
+                None => Some(
+                    self.backend
+                        .kv_cache(KvShape {
+                            n_kv_heads: l.n_kv_heads,
+                            head_dim: l.head_dim,
+                            capacity: self.spec.max_context,
+                        })
+                        .map_err(me)?,
+                ),
+            });
+        }
+        Ok(GemmaSession {
+            model: Arc::clone(self),
+            caches,
+            len: 0,
+            hidden: None,
+        })
+    }
+
+    /// Per-layer inputs for `ids` (`[n, n_layers * ple_dim]`), given the scaled embeddings.
+    fn ple_inputs(&self, ids: &[u32], x: &B::Tensor) -> Result<Option<B::Tensor>, ModelError> {
+        let (Some(ple), p) = (&self.weights.ple, self.spec.ple_dim) else {
+            return Ok(None);
+        };
+        let be = &*self.backend;
+        let tok = be.embed(&ple.embed, ids, (p as f32).sqrt()).map_err(me)?;
+        let proj = be.linear(x, &ple.model_proj).map_err(me)?;
+        let proj = be
+            .scale(&proj, (self.spec.hidden as f32).powf(-0.5))
+            .map_err(me)?;
+        let proj = be
+            .rms_norm(&proj, self.norm(&ple.proj_norm), self.spec.eps, p)
+            .map_err(me)?;
+        let sum = be.add(&proj, &tok).map_err(me)?;
+        Ok(Some(
+            be.scale(&sum, std::f32::consts::FRAC_1_SQRT_2)
+                .map_err(me)?,
+        ))
+    }
+
+    /// One decoder layer over `x` (`[n, hidden]`, rows at positions `pos0..`).
+    fn layer(
+        &self,
+        i: usize,
+        x: &B::Tensor,
+        pos0: usize,
+        caches: &mut [Option<B::KvCache>],
+        pli: Option<&B::Tensor>,
+    ) -> Result<B::Tensor, ModelError> {
+        let ls = &self.spec.layers[i];
+        let h = self.rms(x, &self.weights.layers[i].attn_norm)?;
+        let q = self.query(i, &h, pos0)?;
+        if ls.kv_source.is_none() {
+            let cache = caches[i]
+                .as_mut()
+                .ok_or_else(|| ModelError::Other(format!("layer {i} has no cache")))?;
+            self.write_kv(i, &h, pos0, cache)?;
+        }
+        let src = ls.kv_source.unwrap_or(i);
+        let cache = caches[src]
+            .as_ref()
+            .ok_or_else(|| ModelError::Other(format!("layer {src} has no cache")))?;
+        let x = self.attend(i, x, &q, cache, pos0, ls.n_kv_heads)?;
+        self.ffn(i, &x, pli)
+    }
+
+    /// `rope(q_norm(Wq h))` for rows at positions `pos0..`.
+    pub fn query(&self, i: usize, h: &B::Tensor, pos0: usize) -> Result<B::Tensor, ModelError> {
+        let be = &*self.backend;
+        let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
+        let q = be.linear(h, &w.q).map_err(me)?;
+        let q = be
+            .rms_norm(&q, self.norm(&w.q_norm), self.spec.eps, ls.head_dim)
+            .map_err(me)?;
+        be.rope(&q, self.spec.n_heads, pos0, &ls.rope).map_err(me)
+    }
+
+    /// Compute this layer's K and V for `h` and write them at `pos0..`.
+    fn write_kv(
+        &self,
+        i: usize,
+        h: &B::Tensor,
+        pos0: usize,
+        cache: &mut B::KvCache,
+    ) -> Result<(), ModelError> {
+        let be = &*self.backend;
+        let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
+        let (hd, eps) = (ls.head_dim, self.spec.eps);
+        let (Some(wk), Some(kn)) = (&w.k, &w.k_norm) else {
+            return Err(ModelError::Other(format!("layer {i} has no K projection")));
+        };
+        let k_raw = be.linear(h, wk).map_err(me)?;
+        let v = match &w.v {
+            Some(wv) => be.linear(h, wv).map_err(me)?,
+            // K=V layers: V is the raw K projection (before k_norm and RoPE).
+            None => be.scale(&k_raw, 1.0).map_err(me)?,
+        };
+        let v = if self.spec.v_norm {
+            be.rms_norm(&v, Norm::None, eps, hd).map_err(me)?
+        } else {
+            v
+        };
+        let k = be.rms_norm(&k_raw, self.norm(kn), eps, hd).map_err(me)?;
+        let k = be.rope(&k, ls.n_kv_heads, pos0, &ls.rope).map_err(me)?;
+        be.kv_write(cache, pos0, &k, &v).map_err(me)
+    }
+
+    /// `x + post_attn_norm(Wo attention(q, cache))`; the queries see the cache up to position
+    /// `pos0 + row` (limited by the window on sliding layers).
+    pub fn attend(
+        &self,
+        i: usize,
+        x: &B::Tensor,
+        q: &B::Tensor,
+        cache: &B::KvCache,
+        pos0: usize,
+        n_kv_heads: usize,
+    ) -> Result<B::Tensor, ModelError> {
+        let be = &*self.backend;
+        let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
+        let p = AttnParams {
+            n_heads: self.spec.n_heads,
+            n_kv_heads,
+            head_dim: ls.head_dim,
+            scale: self.spec.attn_scale,
+            window: if ls.sliding {
+                Some(self.spec.window)
+            } else {
+                None
+            },
+            softcap: None,
+        };
+        let a = be.attention(q, cache, pos0, &p).map_err(me)?;
+        let o = be.linear(&a, &w.o).map_err(me)?;
+        be.add(x, &self.rms(&o, &w.post_attn_norm)?).map_err(me)
+    }
+
+    /// The feed-forward half of layer `i` (+ MoE, + PLE, times the layer scalar).
+    pub fn ffn(
+        &self,
+        i: usize,
+        x: &B::Tensor,
+        pli: Option<&B::Tensor>,
+    ) -> Result<B::Tensor, ModelError> {
+        let be = &*self.backend;
+        let w: &Layer<B> = &self.weights.layers[i];
+        let h = self.rms(x, &w.ffn_norm)?;
+        let g = be.linear(&h, &w.mlp.gate).map_err(me)?;
+        let u = be.linear(&h, &w.mlp.up).map_err(me)?;
+        let f = be
+            .linear(
+                &be.glu(&g, &u, Activation::GeluTanh).map_err(me)?,
+                &w.mlp.down,
+            )
+            .map_err(me)?;
+        let f = match &w.moe {
+            Some(moe) => {
+                let f1 = self.rms(&f, &moe.post_norm_1)?;
+                let f2 = moe.forward(be, x, self.spec.eps, |t| self.norm(t))?;
+                be.add(&f1, &f2).map_err(me)?
+            }
+            None => f,
+        };
+        let mut x = be.add(x, &self.rms(&f, &w.post_ffn_norm)?).map_err(me)?;
+
+        // per-layer embedding
+        if let (Some(ple), Some(pli)) = (&w.ple, pli) {
+            let pd = self.spec.ple_dim;
+            let mine = be.slice_cols(pli, i * pd, pd).map_err(me)?;
+            let g = be.linear(&x, &ple.gate).map_err(me)?;
+            let g = be.glu(&g, &mine, Activation::GeluTanh).map_err(me)?;
+            let p = be.linear(&g, &ple.proj).map_err(me)?;
+            x = be.add(&x, &self.rms(&p, &ple.post_norm)?).map_err(me)?;
+        }
+        if let Some(s) = w.scalar {
+            x = be.scale(&x, s).map_err(me)?;
+        }
+        Ok(x)
+    }
+
+    /// Run `ids` at positions `pos0..` through every layer; returns the final-normed hidden
+    /// states `[n, hidden]`.
+    pub fn hidden_states(
+        &self,
+        ids: &[u32],
+        pos0: usize,
+        caches: &mut [Option<B::KvCache>],
+    ) -> Result<B::Tensor, ModelError> {
+        let be = &*self.backend;
+        let mut x = be
+            .embed(&self.weights.embed, ids, self.spec.embed_scale)
+            .map_err(me)?;
+        let pli = self.ple_inputs(ids, &x)?;
+        for i in 0..self.spec.n_layers() {
+            x = self.layer(i, &x, pos0, caches, pli.as_ref())?;
+        }
+        self.rms(&x, &self.weights.final_norm)
+    }
+
+    /// Logits of the rows of `h` (`[n, hidden]`), soft-capped if the model says so.
+    pub fn logits(&self, h: &B::Tensor) -> Result<Logits, ModelError> {
+        let be = &*self.backend;
+        let mut l = be.linear(h, self.weights.head()).map_err(me)?;
+        if let Some(cap) = self.spec.final_softcap {
+            l = be.softcap(&l, cap).map_err(me)?;
+        }
+        let (rows, vocab) = be.dims(&l);
+        Ok(Logits {
+            rows,
+            vocab,
+            data: be.to_host(&l).map_err(me)?,
+        })
+    }
+
+    /// The last row of `h` as its own tensor.
+    pub fn last_row(&self, h: &B::Tensor) -> Result<B::Tensor, ModelError> {
+        let be = &*self.backend;
+        let (n, _) = be.dims(h);
+        be.slice_rows(h, n.saturating_sub(1), 1).map_err(me)
+    }
+}
+
+impl<B: Backend> CausalLm for GemmaModel<B> {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_session(self: Arc<Self>) -> Box<dyn Session> {
+        match self.session() {
+            Ok(s) => Box::new(s),
+            Err(e) => Box::new(FailedSession(e.to_string())),
+        }
+    }
+}
+
+/// A session whose caches could not be allocated: every call reports why.
+struct FailedSession(String);
+
+impl Session for FailedSession {
+    fn forward(&mut self, _: &[u32], _: bool) -> Result<Logits, ModelError> {
+        Err(ModelError::Other(format!(
+            "session unavailable: {}",
+            self.0
+        )))
+    }
+    fn len(&self) -> usize {
+        0
+    }
+    fn rewind(&mut self, _: usize) -> Result<(), ModelError> {
+        Err(ModelError::Other(format!(
+            "session unavailable: {}",
+            self.0
+        )))
+    }
+}
+
+/// One sequence on a Gemma model: a KV cache per layer that owns one.
+pub struct GemmaSession<B: Backend> {
+    pub model: Arc<GemmaModel<B>>,
+    pub caches: Vec<Option<B::KvCache>>,
+    len: usize,
+    /// Final-normed hidden state of the last position (what the Gemma 4 MTP head reads).
+    hidden: Option<B::Tensor>,
+}
+
+impl<B: Backend> GemmaSession<B> {
+    /// Post-final-norm hidden state of the last token processed (`[1, hidden]`).
+    pub fn last_hidden(&self) -> Option<&B::Tensor> {
+        self.hidden.as_ref()
+    }
+}
+
+impl<B: Backend> Session for GemmaSession<B> {
+    fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Logits, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::Empty);
+        }
+        let model = Arc::clone(&self.model);
+        let m = &*model;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= m.spec.vocab) {
+            return Err(ModelError::BadToken {
+                id,
+                vocab: m.spec.vocab,
+            });
+        }
+        let end = self.len + tokens.len();
+        if end > m.spec.max_context {
+            return Err(ModelError::ContextOverflow {
+                len: end,
+                max: m.spec.max_context,
+            });
+        }
+        let run = |s: &mut Self| -> Result<(Logits, B::Tensor), ModelError> {
+            let h = m.hidden_states(tokens, s.len, &mut s.caches)?;
+            let last = m.last_row(&h)?;
+            let logits = if all { m.logits(&h)? } else { m.logits(&last)? };
+            Ok((logits, last))
+        };
+        match run(self) {
+            Ok((logits, last)) => {
+                self.hidden = Some(last);
+                self.len = end;
+                Ok(logits)
+            }
+            Err(e) => {
+                // Drop whatever the failed step wrote, so the session stays usable.
+                let keep = self.len;
+                for c in self.caches.iter_mut().flatten() {
+                    let _ = self.model.backend.kv_truncate(c, keep);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn rewind(&mut self, n: usize) -> Result<(), ModelError> {
+        if n > self.len {
+            return Err(ModelError::Rewind {
+                to: n,
+                why: format!("only {} tokens held", self.len),
+            });
+        }
+        for c in self.caches.iter_mut().flatten() {
+            self.model.backend.kv_truncate(c, n).map_err(me)?;
+        }
+        self.len = n;
+        self.hidden = None;
+        Ok(())
+    }
+}

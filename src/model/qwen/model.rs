@@ -1,0 +1,467 @@
+//! The Qwen decoder (Qwen3, Qwen3-MoE, Qwen3.5/3.6 dense and MoE), written once over `Backend`,
+//! and its session (KV caches for attention layers, conv + recurrent state for GDN layers).
+
+use std::sync::Arc;
+
+use crate::backend::{Activation, AttnParams, Backend, KvShape, MoeParams, Rope};
+use crate::bk;
+use crate::model::common::source::BankSource;
+use crate::model::common::{expert_bank, AttentionLayer, Dense, MoeBlock, NormW, WeightSource};
+use crate::model::registry::LoadOptions;
+use crate::model::{CausalLm, Logits, ModelError, ModelInfo, Session};
+use crate::ops::RopeLayout;
+
+use super::config::{Mixer, QwenConfig};
+use super::gdn::{GdnLayer, GdnState};
+use super::names::{Names, Role};
+
+type R<T> = Result<T, ModelError>;
+
+enum MixerW<B: Backend> {
+    Attn(AttentionLayer<B>),
+    Gdn(GdnLayer<B>),
+}
+
+enum Ffn<B: Backend> {
+    Dense(Dense<B>),
+    Moe(MoeBlock<B>),
+}
+
+struct Layer<B: Backend> {
+    attn_norm: NormW<B>,
+    mixer: MixerW<B>,
+    post_norm: NormW<B>,
+    ffn: Ffn<B>,
+}
+
+/// A loaded Qwen-family model.
+pub struct QwenModel<B: Backend> {
+    be: Arc<B>,
+    info: ModelInfo,
+    cfg: QwenConfig,
+    embed: B::Weight,
+    /// None: tied to the embedding.
+    lm_head: Option<B::Weight>,
+    norm: NormW<B>,
+    layers: Vec<Layer<B>>,
+}
+
+struct Loader<'a, B: Backend> {
+    src: &'a dyn WeightSource,
+    be: &'a B,
+    names: &'a Names,
+}
+
+impl<B: Backend> Loader<'_, B> {
+    fn w(&self, name: &str) -> R<B::Weight> {
+        let t = self.src.tensor(name)?;
+        bk!(self.be.upload(&t))
+    }
+    fn lw(&self, i: usize, r: Role) -> R<B::Weight> {
+        self.w(&self.names.layer(i, r))
+    }
+    fn vec(&self, name: &str) -> R<Vec<f32>> {
+        self.src
+            .tensor(name)?
+            .to_f32()
+            .map_err(|e| ModelError::Other(e.to_string()))
+    }
+    fn norm(&self, name: &str, one_plus: bool, eps: f32, dim: usize) -> R<NormW<B>> {
+        let w = self.w(name)?;
+        NormW::new(self.be, &w, one_plus, eps, dim)
+    }
+}
+
+impl<B: Backend> QwenModel<B> {
+    /// Build the model from a tensor source, its parsed config and naming scheme.
+    pub fn load(
+        src: &dyn WeightSource,
+        names: Names,
+        cfg: QwenConfig,
+        backend: Arc<B>,
+        opts: &LoadOptions,
+    ) -> R<Arc<Self>> {
+        let be = &*backend;
+        let l = Loader {
+            src,
+            be,
+            names: &names,
+        };
+        let gguf = names.is_gguf();
+        // HF Qwen3.5 norms are zero-centred (x_hat * (1 + w)); llama.cpp folds the +1 in.
+        let one_plus = cfg.variant.hybrid() && !gguf;
+        let eps = cfg.eps;
+        let embed_ref = src.tensor(&names.embed())?;
+        let (vocab, hidden) = (embed_ref.rows(), embed_ref.cols());
+        if hidden != cfg.hidden {
+            return Err(ModelError::Other(format!(
+                "embedding width {hidden} but hidden_size {}",
+                cfg.hidden
+            )));
+        }
+        let embed = bk!(be.upload(&embed_ref))?;
+        let lm_head = if src.has(&names.lm_head()) {
+            Some(l.w(&names.lm_head())?)
+        } else {
+            None
+        };
+        let norm = l.norm(&names.final_norm(), one_plus, eps, hidden)?;
+        let rope = Rope {
+            head_dim: cfg.head_dim,
+            rot_dims: cfg.rot_dims,
+            theta: cfg.rope_theta,
+            layout: RopeLayout::Neox,
+            freq_factors: None,
+            freq_base_dims: cfg.rot_dims,
+        };
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for i in 0..cfg.n_layers {
+            let mixer = match cfg.mixers[i] {
+                Mixer::Attention => MixerW::Attn(AttentionLayer {
+                    q: l.lw(i, Role::Q)?,
+                    k: l.lw(i, Role::K)?,
+                    v: l.lw(i, Role::V)?,
+                    o: l.lw(i, Role::O)?,
+                    q_norm: Some(l.norm(
+                        &names.layer(i, Role::QNorm),
+                        one_plus,
+                        eps,
+                        cfg.head_dim,
+                    )?),
+                    k_norm: Some(l.norm(
+                        &names.layer(i, Role::KNorm),
+                        one_plus,
+                        eps,
+                        cfg.head_dim,
+                    )?),
+                    rope: rope.clone(),
+                    params: AttnParams {
+                        n_heads: cfg.n_heads,
+                        n_kv_heads: cfg.n_kv_heads,
+                        head_dim: cfg.head_dim,
+                        scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+                        window: None,
+                        softcap: None,
+                    },
+                    gated: cfg.variant.hybrid(),
+                }),
+                Mixer::Linear => MixerW::Gdn(Self::load_gdn(&l, &cfg, i, gguf)?),
+            };
+            let ffn = if cfg.moe_layers[i] {
+                Ffn::Moe(Self::load_moe(&l, &cfg, i)?)
+            } else {
+                Ffn::Dense(Self::dense(&l, i, false)?)
+            };
+            layers.push(Layer {
+                attn_norm: l.norm(&names.layer(i, Role::AttnNorm), one_plus, eps, hidden)?,
+                mixer,
+                post_norm: l.norm(&names.layer(i, Role::PostAttnNorm), one_plus, eps, hidden)?,
+                ffn,
+            });
+        }
+        let max_context = if opts.max_context > 0 {
+            opts.max_context
+        } else {
+            cfg.max_pos
+        };
+        let info = ModelInfo {
+            arch: cfg.variant.name().into(),
+            vocab_size: vocab,
+            hidden_size: hidden,
+            max_context,
+        };
+        Ok(Arc::new(QwenModel {
+            be: backend,
+            info,
+            cfg,
+            embed,
+            lm_head,
+            norm,
+            layers,
+        }))
+    }
+
+    fn dense(l: &Loader<'_, B>, i: usize, shared: bool) -> R<Dense<B>> {
+        let (g, u, d) = if shared {
+            (Role::SharedGate, Role::SharedUp, Role::SharedDown)
+        } else {
+            (Role::Gate, Role::Up, Role::Down)
+        };
+        Ok(Dense {
+            gate: l.lw(i, g)?,
+            up: l.lw(i, u)?,
+            down: l.lw(i, d)?,
+            act: Activation::Silu,
+        })
+    }
+
+    fn load_moe(l: &Loader<'_, B>, cfg: &QwenConfig, i: usize) -> R<MoeBlock<B>> {
+        let m = cfg
+            .moe
+            .ok_or_else(|| ModelError::Other("MoE layer without MoE config".into()))?;
+        let (gn, un, dn, fused) = l.names.banks(i);
+        let bank = |name: &str, proj: &str, label: &str| -> R<B::Weight> {
+            // Stacked bank (GGUF), per-expert tensors (HF as saved), or a fused HF parameter.
+            if l.src.has(name) {
+                return l.w(name);
+            }
+            let per_expert = l.names.hf_expert(i, 0, proj).is_some_and(|n| l.src.has(&n));
+            let src = if per_expert {
+                BankSource::PerExpert(
+                    (0..m.n_experts)
+                        .filter_map(|e| l.names.hf_expert(i, e, proj))
+                        .collect(),
+                )
+            } else if proj == "down" {
+                BankSource::Fused {
+                    name,
+                    row0: 0,
+                    rows: cfg.hidden,
+                }
+            } else {
+                let row0 = if proj == "gate" { 0 } else { m.ff };
+                BankSource::Fused {
+                    name: &fused,
+                    row0,
+                    rows: m.ff,
+                }
+            };
+            let t = expert_bank(l.src, src, label)?;
+            bk!(l.be.upload(&t.as_ref()))
+        };
+        let gate = bank(&gn, "gate", &format!("layer {i} expert gate bank"))?;
+        let up = bank(&un, "up", &format!("layer {i} expert up bank"))?;
+        let down = bank(&dn, "down", &format!("layer {i} expert down bank"))?;
+        let shared = match m.shared_ff {
+            Some(_) => Some((Self::dense(l, i, true)?, l.lw(i, Role::SharedRouter)?)),
+            None => None,
+        };
+        Ok(MoeBlock {
+            router: l.lw(i, Role::Router)?,
+            gate,
+            up,
+            down,
+            params: MoeParams {
+                n_experts: m.n_experts,
+                top_k: m.top_k,
+                norm_topk: m.norm_topk,
+                act: Activation::Silu,
+            },
+            shared,
+        })
+    }
+
+    fn load_gdn(l: &Loader<'_, B>, cfg: &QwenConfig, i: usize, gguf: bool) -> R<GdnLayer<B>> {
+        let dims = cfg
+            .gdn
+            .ok_or_else(|| ModelError::Other("linear-attention layer without GDN config".into()))?;
+        let nv = dims.n_v_heads;
+        let a = l.vec(&l.names.layer(i, Role::GdnALog))?;
+        // GGUF stores -exp(A_log) already.
+        let neg_a: Vec<f32> = if gguf {
+            a
+        } else {
+            a.iter().map(|v| -v.exp()).collect()
+        };
+        // llama.cpp names it `ssm_dt.bias`; some converters wrote `ssm_dt.weight` or `ssm_dt`.
+        let dt_name = l.names.layer(i, Role::GdnDtBias);
+        let dt_name = if gguf && !l.src.has(&dt_name) {
+            [format!("blk.{i}.ssm_dt.weight"), format!("blk.{i}.ssm_dt")]
+                .into_iter()
+                .find(|n| l.src.has(n))
+                .unwrap_or(dt_name)
+        } else {
+            dt_name
+        };
+        let dt = l.vec(&dt_name)?;
+        if neg_a.len() != nv || dt.len() != nv {
+            return Err(ModelError::Other(format!(
+                "layer {i}: A / dt_bias have {} / {} values for {nv} heads",
+                neg_a.len(),
+                dt.len()
+            )));
+        }
+        Ok(GdnLayer {
+            qkv: l.lw(i, Role::GdnQkv)?,
+            z: l.lw(i, Role::GdnZ)?,
+            a: l.lw(i, Role::GdnA)?,
+            b: l.lw(i, Role::GdnB)?,
+            conv: l.lw(i, Role::GdnConv)?,
+            out: l.lw(i, Role::GdnOut)?,
+            neg_a: bk!(l.be.tensor(&neg_a, 1, nv))?,
+            dt_bias: bk!(l.be.tensor(&dt, 1, nv))?,
+            norm: l.norm(&l.names.layer(i, Role::GdnNorm), false, cfg.eps, dims.v_dim)?,
+            dims,
+            tiled: gguf,
+        })
+    }
+
+    fn has_recurrent(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l.mixer, MixerW::Gdn(_)))
+    }
+
+    fn new_states(&self) -> R<Vec<LayerState<B>>> {
+        let be = &*self.be;
+        self.layers
+            .iter()
+            .map(|l| match &l.mixer {
+                MixerW::Attn(a) => Ok(LayerState::Kv(bk!(be.kv_cache(KvShape {
+                    n_kv_heads: a.params.n_kv_heads,
+                    head_dim: a.params.head_dim,
+                    capacity: self.info.max_context,
+                }))?)),
+                MixerW::Gdn(g) => Ok(LayerState::Gdn(g.new_state(be)?)),
+            })
+            .collect()
+    }
+
+    pub fn config(&self) -> &QwenConfig {
+        &self.cfg
+    }
+}
+
+enum LayerState<B: Backend> {
+    Kv(B::KvCache),
+    Gdn(GdnState<B>),
+}
+
+/// One sequence on a Qwen model.
+pub struct QwenSession<B: Backend> {
+    model: Arc<QwenModel<B>>,
+    /// Created on first use (creation can fail; `new_session` cannot).
+    states: Option<Vec<LayerState<B>>>,
+    len: usize,
+    /// Set when a forward failed half-way; only `rewind(0)` recovers.
+    broken: bool,
+}
+
+impl<B: Backend> CausalLm for QwenModel<B> {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+    fn new_session(self: Arc<Self>) -> Box<dyn Session> {
+        Box::new(QwenSession {
+            model: self,
+            states: None,
+            len: 0,
+            broken: false,
+        })
+    }
+}
+
+impl<B: Backend> QwenSession<B> {
+    fn run(&mut self, tokens: &[u32], all: bool) -> R<Logits> {
+        let m = &*self.model;
+        let be = &*m.be;
+        if self.states.is_none() {
+            self.states = Some(m.new_states()?);
+        }
+        let states = self.states.as_mut().expect("created above");
+        let pos0 = self.len;
+        let n = tokens.len();
+        let mut h = bk!(be.embed(&m.embed, tokens, 1.0))?;
+        for (layer, st) in m.layers.iter().zip(states.iter_mut()) {
+            let x = layer.attn_norm.apply(be, &h)?;
+            let y = match (&layer.mixer, st) {
+                (MixerW::Attn(a), LayerState::Kv(c)) => a.forward(be, &x, c, pos0)?,
+                (MixerW::Gdn(g), LayerState::Gdn(s)) => g.forward(be, &x, s)?,
+                _ => {
+                    return Err(ModelError::Other(
+                        "layer state does not match its mixer".into(),
+                    ))
+                }
+            };
+            h = bk!(be.add(&h, &y))?;
+            let x = layer.post_norm.apply(be, &h)?;
+            let y = match &layer.ffn {
+                Ffn::Dense(d) => d.forward(be, &x)?,
+                Ffn::Moe(moe) => moe.forward(be, &x)?,
+            };
+            h = bk!(be.add(&h, &y))?;
+        }
+        let h = if all {
+            h
+        } else {
+            bk!(be.slice_rows(&h, n - 1, 1))?
+        };
+        let h = m.norm.apply(be, &h)?;
+        let logits = bk!(be.linear(&h, m.lm_head.as_ref().unwrap_or(&m.embed)))?;
+        let (rows, vocab) = be.dims(&logits);
+        let data = bk!(be.to_host(&logits))?;
+        Ok(Logits { rows, vocab, data })
+    }
+}
+
+impl<B: Backend> Session for QwenSession<B> {
+    fn forward(&mut self, tokens: &[u32], all: bool) -> R<Logits> {
+        if self.broken {
+            return Err(ModelError::Other(
+                "session state is invalid after a failed step; rewind to 0".into(),
+            ));
+        }
+        if tokens.is_empty() {
+            return Err(ModelError::Empty);
+        }
+        let vocab = self.model.info.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::BadToken { id, vocab });
+        }
+        let max = self.model.info.max_context;
+        if self.len + tokens.len() > max {
+            return Err(ModelError::ContextOverflow {
+                len: self.len + tokens.len(),
+                max,
+            });
+        }
+        match self.run(tokens, all) {
+            Ok(l) => {
+                self.len += tokens.len();
+                Ok(l)
+            }
+            Err(e) => {
+                self.broken = true;
+                Err(e)
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn rewind(&mut self, n: usize) -> R<()> {
+        if n == 0 {
+            self.states = None;
+            self.len = 0;
+            self.broken = false;
+            return Ok(());
+        }
+        if n > self.len {
+            return Err(ModelError::Rewind {
+                to: n,
+                why: format!("only {} tokens held", self.len),
+            });
+        }
+        if n == self.len && !self.broken {
+            return Ok(());
+        }
+        if self.broken || self.model.has_recurrent() {
+            return Err(ModelError::Rewind {
+                to: n,
+                why: "the Gated DeltaNet recurrent state cannot be rewound; re-prefill".into(),
+            });
+        }
+        let be = &*self.model.be;
+        if let Some(states) = self.states.as_mut() {
+            for st in states.iter_mut() {
+                if let LayerState::Kv(c) = st {
+                    bk!(be.kv_truncate(c, n))?;
+                }
+            }
+        }
+        self.len = n;
+        Ok(())
+    }
+}
