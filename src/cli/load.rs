@@ -6,12 +6,12 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 
 use super::args::{Device, RunArgs};
+use crate::backend::cpu::CpuBackend;
 use crate::chat::{source, ChatFormat, Dialect};
 use crate::engine::scheduler::{self, SchedulerConfig};
 use crate::engine::EngineHandle;
-use crate::model::CausalLm;
-use crate::backend::cpu::CpuBackend;
 use crate::model::registry::{load_model as load_model_registry, LoadOptions};
+use crate::model::CausalLm;
 use crate::tokenizer::Tokenizer;
 use crate::weights::Checkpoint;
 
@@ -98,21 +98,42 @@ fn load_model_on<B: crate::backend::Backend>(
     backend: Arc<B>,
     ctx: usize,
 ) -> Result<Arc<dyn CausalLm>> {
-    Ok(load_model_registry(ckpt, backend, &LoadOptions { max_context: ctx })?)
+    let opts = LoadOptions { max_context: ctx };
+    let det = crate::arch::detect(ckpt)?;
+    // The registry dispatches what it lists as loadable; Gemma modules are called directly
+    // until the registry lists them (WIRE-AT-MERGE: drop this match then).
+    Ok(match det.arch {
+        a if crate::model::registry::loadable(a) => load_model_registry(ckpt, backend, &opts)?,
+        crate::arch::Arch::Gemma3 => crate::model::gemma3::load(ckpt, &det, backend, &opts)?,
+        crate::arch::Arch::Gemma4 => crate::model::gemma4::load(ckpt, &det, backend, &opts)?,
+        _ => load_model_registry(ckpt, backend, &opts)?,
+    })
 }
 
 /// The chat template: files beside the weights (or the tokenizer override), else the GGUF's
 /// `tokenizer.chat_template`; none found means the dialect's built-in template.
-pub fn template_files(ckpt: &Checkpoint, tok_override: Option<&Path>) -> Result<source::TemplateFiles> {
+pub fn template_files(
+    ckpt: &Checkpoint,
+    tok_override: Option<&Path>,
+) -> Result<source::TemplateFiles> {
     let dir = tok_override
-        .map(|p| if p.is_dir() { p.to_path_buf() } else { p.parent().map(Path::to_path_buf).unwrap_or_default() })
+        .map(|p| {
+            if p.is_dir() {
+                p.to_path_buf()
+            } else {
+                p.parent().map(Path::to_path_buf).unwrap_or_default()
+            }
+        })
         .or_else(|| ckpt.dir().map(Path::to_path_buf));
     let mut files = match dir {
         Some(d) if d.is_dir() => source::from_dir(&d)?,
         _ => source::TemplateFiles::default(),
     };
     if files.source.is_none() {
-        files.source = ckpt.gguf().and_then(|g| g.get_str("tokenizer.chat_template")).map(str::to_string);
+        files.source = ckpt
+            .gguf()
+            .and_then(|g| g.get_str("tokenizer.chat_template"))
+            .map(str::to_string);
     }
     Ok(files)
 }

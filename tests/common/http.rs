@@ -203,3 +203,42 @@ pub async fn start(
     });
     (addr, state)
 }
+
+/// Start the server on loopback with any model and tokenizer (chat format from the vocabulary,
+/// built-in or `template` when given).
+pub async fn start_with(
+    lm: Arc<dyn fucina::model::CausalLm>,
+    tok: fucina::tokenizer::Tokenizer,
+    template: TemplateFiles,
+    mut cfg: ServerConfig,
+    prefix_reuse: bool,
+) -> (SocketAddr, Arc<AppState>) {
+    cfg.defaults.temperature = 0.0;
+    let tok = Arc::new(tok);
+    let engine = scheduler::spawn(
+        lm,
+        tok.clone(),
+        SchedulerConfig {
+            model_id: "real".into(),
+            skip_special: false,
+            prefix_reuse,
+        },
+    );
+    let chat = Dialect::detect(&tok)
+        .map(|d| ChatFormat::new(d, template, ChatFormat::special_from_tokenizer(&tok)).unwrap());
+    let state = AppState::new(cfg);
+    state.set_loaded(Loaded {
+        engine,
+        tokenizer: tok,
+        chat,
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let st = state.clone();
+    tokio::spawn(async move {
+        fucina::server::serve(listener, st, std::future::pending())
+            .await
+            .unwrap();
+    });
+    (addr, state)
+}

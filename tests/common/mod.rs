@@ -47,10 +47,20 @@ fn byte_chars() -> Vec<char> {
 
 /// Byte-level tokenizer: id = byte value for 0..256, then the ChatML / Qwen markers.
 pub fn tokenizer() -> Tokenizer {
+    build_tokenizer(&SPECIALS, vec![256, EOT])
+}
+
+/// Byte-level tokenizer with no special tokens at all (for the tiny golden models' 256-entry
+/// vocabularies).
+pub fn byte_tokenizer() -> Tokenizer {
+    build_tokenizer(&[], Vec::new())
+}
+
+fn build_tokenizer(specials: &[&str], eos: Vec<u32>) -> Tokenizer {
     let chars = byte_chars();
     let vocab: serde_json::Map<String, serde_json::Value> =
         (0..256).map(|b| (chars[b].to_string(), json!(b))).collect();
-    let added: Vec<_> = SPECIALS
+    let added: Vec<_> = specials
         .iter()
         .enumerate()
         .map(|(i, s)| {
@@ -73,7 +83,7 @@ pub fn tokenizer() -> Tokenizer {
         inner,
         SpecialTokens {
             bos: None,
-            eos: vec![256, EOT],
+            eos,
             pad: None,
         },
     )
