@@ -192,3 +192,62 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+#[test]
+fn repl_commands_over_a_pipe() {
+    use std::io::Write;
+    let sessions = tempfile::tempdir().unwrap();
+    let mut child = bin()
+        .args(["-m"])
+        .arg(gguf())
+        .args([
+            "-i",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "--ctx",
+            "512",
+            "--session-dir",
+        ])
+        .arg(sessions.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"/help\nHello there\n/stats\n/thinking high\n/thinking nope\n/save chat1\n/reset\n/load chat1\n/save ../escape\n/bogus\n/quit\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "/thinking LEVEL",
+        "generated 4 tok",
+        "(thinking High)",
+        "usage: /thinking",
+        "(saved 2 messages",
+        "(conversation cleared)",
+        "(loaded 2 messages)",
+        "a session name is",
+        "unknown command /bogus",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "REPL output lacks {needle:?}:\n{stdout}"
+        );
+    }
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(sessions.path().join("chat1.json")).unwrap())
+            .unwrap();
+    assert_eq!(saved["messages"][0]["content"], "Hello there");
+    assert_eq!(saved["messages"][1]["role"], "assistant");
+}

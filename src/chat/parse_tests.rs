@@ -151,3 +151,67 @@ fn unterminated_call_at_end_is_parsed_if_complete() {
     );
     assert!(matches!(&evs[..], [ParsedEvent::ToolCall(c)] if c.name == "f"));
 }
+
+#[test]
+fn forced_tool_choice_prefills_prompt_and_primes_parser() {
+    use crate::chat::{source::TemplateFiles, ChatFormat, ChatRequest, ToolChoice};
+    let tools = vec![
+        serde_json::json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}),
+    ];
+    let fmt = ChatFormat::new(Dialect::Qwen, TemplateFiles::default(), Default::default()).unwrap();
+    let req = ChatRequest {
+        messages: vec![serde_json::json!({"role": "user", "content": "Rome?"})],
+        tools: tools.clone(),
+        tool_choice: ToolChoice::Function("get_weather".into()),
+        ..Default::default()
+    };
+    let r = fmt.render(&req).unwrap();
+    assert!(
+        r.text.ends_with(
+            "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+        ),
+        "{}",
+        r.text
+    );
+    assert!(!r.in_reasoning);
+    let mut p = fmt.parser(&r, &tools);
+    let evs = run(&mut p, "{\"city\": \"Rome\"}}\n</tool_call>", 3);
+    assert_eq!(
+        evs,
+        vec![ParsedEvent::ToolCall(ParsedToolCall {
+            index: 0,
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Rome"}"#.into()
+        })]
+    );
+    // tool_choice none: tools neither rendered nor parsed.
+    let r = fmt
+        .render(&ChatRequest {
+            tool_choice: ToolChoice::None,
+            ..req.clone()
+        })
+        .unwrap();
+    assert!(!r.text.contains("# Tools") && !r.parse_tools);
+    // Gemma 4 required: the native call opener.
+    let g4 = ChatFormat::new(
+        Dialect::Gemma4,
+        TemplateFiles::default(),
+        Default::default(),
+    )
+    .unwrap();
+    let r = g4
+        .render(&ChatRequest {
+            tool_choice: ToolChoice::Required,
+            ..req
+        })
+        .unwrap();
+    assert!(r.text.ends_with("<|turn>model\n<|tool_call>call:"));
+    let evs = run(
+        &mut g4.parser(&r, &tools),
+        "get_weather{city:<|\"|>Rome<|\"|>}<tool_call|>",
+        2,
+    );
+    assert!(
+        matches!(&evs[..], [ParsedEvent::ToolCall(c)] if c.name == "get_weather" && c.arguments == r#"{"city":"Rome"}"#)
+    );
+}
