@@ -16,6 +16,16 @@ fi
 export LD_LIBRARY_PATH="$nvrtc_dir/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FUCINA_REQUIRE_NVRTC=1
 
+# Official OpenAI / Anthropic Python SDKs for tests/server_sdk.rs (pinned; no GPU, PyPI only).
+pyenv="$cache/pyenv"
+sdk_stamp="$pyenv/.fucina-openai-3.51.0-anthropic-2.10.0"
+if [ ! -e "$sdk_stamp" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --upgrade --target "$pyenv" \
+    openai==3.51.0 anthropic==2.10.0
+  touch "$sdk_stamp"
+fi
+export FUCINA_PYENV="$pyenv"
+
 # Pinned test assets (checksummed); see scripts/fetch-assets.sh.
 bash scripts/fetch-assets.sh "$cache/assets"
 export FUCINA_TEST_ASSETS="$cache/assets"

@@ -4,6 +4,9 @@
 //! architecture over the `backend` trait) -> `backend::{cpu, cuda}` -> generated kernels.
 //! Weights come from `gguf` / `safetensors` through `weights`, decoded by `quant`.
 
+pub mod chat;
+pub mod cli;
+pub mod engine;
 pub mod model;
 pub mod ops;
 pub mod quant;
@@ -15,3 +18,4 @@ pub mod selftest;
 pub mod kernels;
 pub mod weights;
 pub mod assets;
+pub mod server;

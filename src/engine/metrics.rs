@@ -1,0 +1,129 @@
+//! Counters the scheduler updates and `/metrics` reads. Lock-free atomics; a snapshot is a plain
+//! struct so front ends never see the atomics.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+/// Live engine counters.
+#[derive(Debug, Default)]
+pub struct EngineMetrics {
+    queue_depth: AtomicI64,
+    running: AtomicI64,
+    prefill_tokens: AtomicU64,
+    prefill_nanos: AtomicU64,
+    decode_tokens: AtomicU64,
+    decode_nanos: AtomicU64,
+    prefix_lookups: AtomicU64,
+    prefix_hit_tokens: AtomicU64,
+    prompt_tokens: AtomicU64,
+    kv_tokens: AtomicU64,
+    kv_capacity: AtomicU64,
+    requests_finished: AtomicU64,
+    requests_cancelled: AtomicU64,
+}
+
+/// A point-in-time copy of [`EngineMetrics`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MetricsSnapshot {
+    pub queue_depth: i64,
+    pub running: i64,
+    pub prefill_tokens: u64,
+    pub prefill_seconds: f64,
+    pub decode_tokens: u64,
+    pub decode_seconds: f64,
+    pub prefix_lookups: u64,
+    /// Prompt tokens served from the reused prefix.
+    pub prefix_hit_tokens: u64,
+    /// Prompt tokens seen (denominator of the prefix hit rate).
+    pub prompt_tokens: u64,
+    pub kv_tokens: u64,
+    pub kv_capacity: u64,
+    pub requests_finished: u64,
+    pub requests_cancelled: u64,
+}
+
+impl MetricsSnapshot {
+    pub fn prefill_tps(&self) -> f64 {
+        rate(self.prefill_tokens, self.prefill_seconds)
+    }
+    pub fn decode_tps(&self) -> f64 {
+        rate(self.decode_tokens, self.decode_seconds)
+    }
+    /// Fraction of prompt tokens whose KV was reused.
+    pub fn prefix_hit_rate(&self) -> f64 {
+        if self.prompt_tokens == 0 {
+            0.0
+        } else {
+            self.prefix_hit_tokens as f64 / self.prompt_tokens as f64
+        }
+    }
+    pub fn kv_utilization(&self) -> f64 {
+        if self.kv_capacity == 0 {
+            0.0
+        } else {
+            self.kv_tokens as f64 / self.kv_capacity as f64
+        }
+    }
+}
+
+fn rate(n: u64, s: f64) -> f64 {
+    if s > 0.0 {
+        n as f64 / s
+    } else {
+        0.0
+    }
+}
+
+impl EngineMetrics {
+    pub fn queued(&self, delta: i64) {
+        self.queue_depth.fetch_add(delta, Ordering::Relaxed);
+    }
+    pub fn running(&self, delta: i64) {
+        self.running.fetch_add(delta, Ordering::Relaxed);
+    }
+    pub fn prefill(&self, tokens: usize, nanos: u64) {
+        self.prefill_tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+        self.prefill_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+    pub fn decode(&self, tokens: usize, nanos: u64) {
+        self.decode_tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+        self.decode_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+    pub fn prefix(&self, prompt: usize, reused: usize) {
+        self.prefix_lookups.fetch_add(1, Ordering::Relaxed);
+        self.prompt_tokens
+            .fetch_add(prompt as u64, Ordering::Relaxed);
+        self.prefix_hit_tokens
+            .fetch_add(reused as u64, Ordering::Relaxed);
+    }
+    pub fn kv(&self, tokens: usize, capacity: usize) {
+        self.kv_tokens.store(tokens as u64, Ordering::Relaxed);
+        self.kv_capacity.store(capacity as u64, Ordering::Relaxed);
+    }
+    pub fn finished(&self, cancelled: bool) {
+        self.requests_finished.fetch_add(1, Ordering::Relaxed);
+        if cancelled {
+            self.requests_cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MetricsSnapshot {
+            queue_depth: self.queue_depth.load(Ordering::Relaxed).max(0),
+            running: self.running.load(Ordering::Relaxed).max(0),
+            prefill_tokens: r(&self.prefill_tokens),
+            prefill_seconds: r(&self.prefill_nanos) as f64 * 1e-9,
+            decode_tokens: r(&self.decode_tokens),
+            decode_seconds: r(&self.decode_nanos) as f64 * 1e-9,
+            prefix_lookups: r(&self.prefix_lookups),
+            prefix_hit_tokens: r(&self.prefix_hit_tokens),
+            prompt_tokens: r(&self.prompt_tokens),
+            kv_tokens: r(&self.kv_tokens),
+            kv_capacity: r(&self.kv_capacity),
+            requests_finished: r(&self.requests_finished),
+            requests_cancelled: r(&self.requests_cancelled),
+        }
+    }
+}

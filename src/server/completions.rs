@@ -1,0 +1,316 @@
+//! OpenAI legacy `/v1/completions`: a raw prompt (string or token ids), no chat template.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::errors::{ApiError, Flavor, Shaped};
+use super::gen::{new_id, unix_now, GenItem, Generation};
+use super::middleware::RequestId;
+use super::openai::{
+    data_line, limit, parse_body, reject_response_format, sse, usage_json, SseTx, StreamOptions,
+};
+use super::params::{self, SamplingFields};
+use super::AppState;
+use crate::engine::{GenerateRequest, LogprobInfo, StopParams};
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: Value,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub max_tokens: Option<i64>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    pub stop: Option<Value>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub logprobs: Option<i64>,
+    pub echo: Option<bool>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<i64>,
+    pub n: Option<i64>,
+    pub suffix: Option<Value>,
+    pub response_format: Option<Value>,
+    /// Extension (as vLLM): include `prompt_token_ids` and `token_ids` in each choice.
+    pub return_token_ids: Option<bool>,
+}
+
+/// The prompt as token ids: a string (tokenised with the tokenizer's special tokens), a list of
+/// ids, or a one-element list of either.
+fn prompt_ids(p: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+    let bad = || {
+        ApiError::bad_param(
+            "prompt",
+            "prompt must be a string, a list of token ids, or a one-element list of either",
+        )
+    };
+    match p {
+        Value::String(s) => {
+            if s.is_empty() {
+                return Err(ApiError::bad_param("prompt", "prompt must not be empty"));
+            }
+            tok.encode(s, true)
+                .map_err(|e| ApiError::bad(e.to_string()))
+        }
+        Value::Array(a) if a.is_empty() => {
+            Err(ApiError::bad_param("prompt", "prompt must not be empty"))
+        }
+        Value::Array(a) if a.iter().all(|x| x.is_u64()) => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .filter(|&v| v <= u32::MAX as u64)
+                    .map(|v| v as u32)
+                    .ok_or_else(bad)
+            })
+            .collect(),
+        Value::Array(a) if a.len() == 1 => prompt_ids(&a[0], tok),
+        Value::Array(_) => Err(ApiError::bad_param(
+            "prompt",
+            "batched prompts are not supported: send one prompt per request",
+        )),
+        _ => Err(bad()),
+    }
+}
+
+pub async fn completions(
+    State(st): State<Arc<AppState>>,
+    Extension(rid): Extension<RequestId>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match inner(st, rid, body).await {
+        Ok(r) => r,
+        Err(e) => Shaped(e, Flavor::OpenAi).into_response(),
+    }
+}
+
+async fn inner(
+    st: Arc<AppState>,
+    rid: RequestId,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let r: CompletionRequest = parse_body(body).map_err(|e| limit(e, &st))?;
+    reject_response_format(r.response_format.as_ref())?;
+    if r.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_param("n", "only n = 1 is supported"));
+    }
+    if r.suffix.as_ref().is_some_and(|s| !s.is_null()) {
+        return Err(ApiError::bad_param(
+            "suffix",
+            "suffix (fill-in-the-middle) is not supported",
+        ));
+    }
+    let logprobs = match r.logprobs {
+        Some(k) if !(0..=20).contains(&k) => {
+            return Err(ApiError::bad_param(
+                "logprobs",
+                "logprobs must be between 0 and 20",
+            ))
+        }
+        k => k.map(|k| k as usize),
+    };
+    let sampling = r.sampling.resolve(&st.cfg.defaults)?;
+    let loaded = st.loaded()?;
+    let tok = loaded.tokenizer.clone();
+    let prompt = prompt_ids(&r.prompt, &tok)?;
+    let info = loaded.engine.info();
+    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= info.vocab_size) {
+        return Err(ApiError::bad_param(
+            "prompt",
+            format!(
+                "token id {id} is outside the vocabulary of {}",
+                info.vocab_size
+            ),
+        ));
+    }
+    let max_tokens =
+        params::resolve_max_tokens(r.max_tokens, prompt.len(), info.max_context, &st.cfg)?;
+    let ret_ids = r.return_token_ids.unwrap_or(false).then(|| prompt.clone());
+    let echo = if r.echo.unwrap_or(false) {
+        tok.decode(&prompt, false).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let req = GenerateRequest {
+        request_id: rid.0.clone(),
+        prompt,
+        sampling,
+        stop: StopParams {
+            max_tokens,
+            stop_strings: params::stop_list(r.stop.as_ref())?,
+            stop_token_ids: r.stop_token_ids.clone().unwrap_or_default(),
+            ignore_eos: r.ignore_eos.unwrap_or(false),
+            min_tokens: r.min_tokens.unwrap_or(0).max(0) as usize,
+        },
+        logprobs,
+        think_budget: None,
+    };
+    let permit = st.admit()?;
+    let stream = loaded.engine.submit(req)?;
+    let gen = Generation::new(st.clone(), stream, None, permit, started);
+    let model = r.model.clone().unwrap_or_else(|| info.model_id.clone());
+    if r.stream.unwrap_or(false) {
+        let usage = r
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        Ok(sse(stream_task(
+            gen,
+            model,
+            tok,
+            usage,
+            echo,
+            logprobs.is_some(),
+        )))
+    } else {
+        collect(gen, model, &tok, echo, logprobs.is_some(), ret_ids).await
+    }
+}
+
+/// Legacy logprobs object: tokens, token_logprobs, top_logprobs (token -> logprob maps),
+/// text_offset.
+fn legacy_logprobs(tok: &Tokenizer, lps: &[LogprobInfo], offset0: usize) -> Value {
+    let mut off = offset0;
+    let (mut tokens, mut lp, mut top, mut offsets) = (vec![], vec![], vec![], vec![]);
+    for l in lps {
+        let t = tok.decode(&[l.chosen.id], false).unwrap_or_default();
+        offsets.push(off);
+        off += t.len();
+        tokens.push(Value::String(t));
+        lp.push(json!(l.chosen.logprob));
+        let mut m = serde_json::Map::new();
+        for x in &l.top {
+            m.insert(
+                tok.decode(&[x.id], false).unwrap_or_default(),
+                json!(x.logprob),
+            );
+        }
+        top.push(Value::Object(m));
+    }
+    json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offsets})
+}
+
+async fn collect(
+    mut gen: Generation,
+    model: String,
+    tok: &Tokenizer,
+    echo: String,
+    want_lp: bool,
+    ret_ids: Option<Vec<u32>>,
+) -> Result<Response, ApiError> {
+    let mut text = echo.clone();
+    let mut lps = Vec::new();
+    while let Some(item) = gen.next().await {
+        match item {
+            GenItem::Content { text: t, logprobs } => {
+                text.push_str(&t);
+                lps.extend(logprobs);
+            }
+            GenItem::Reasoning(_) | GenItem::ToolCall(_) => {}
+            GenItem::Failed(e) => return Err(e),
+            GenItem::Done {
+                reason,
+                usage,
+                token_ids,
+                ..
+            } => {
+                let logprobs = if want_lp {
+                    legacy_logprobs(tok, &lps, echo.len())
+                } else {
+                    Value::Null
+                };
+                let mut choice = json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason.openai()});
+                if let Some(p) = &ret_ids {
+                    choice["prompt_token_ids"] = json!(p);
+                    choice["token_ids"] = json!(token_ids);
+                }
+                return Ok(Json(json!({
+                    "id": new_id("cmpl-"),
+                    "object": "text_completion",
+                    "created": unix_now(),
+                    "model": model,
+                    "choices": [choice],
+                    "usage": usage_json(&usage),
+                }))
+                .into_response());
+            }
+        }
+    }
+    Err(ApiError::Internal(
+        "generation ended without a result".into(),
+    ))
+}
+
+fn stream_task(
+    mut gen: Generation,
+    model: String,
+    tok: Arc<Tokenizer>,
+    include_usage: bool,
+    echo: String,
+    want_lp: bool,
+) -> impl FnOnce(SseTx) -> tokio::task::JoinHandle<()> {
+    move |tx| {
+        tokio::spawn(async move {
+            let id = new_id("cmpl-");
+            let created = unix_now();
+            let mut offset = echo.len();
+            let chunk = |text: &str, lp: Value, finish: Value| {
+                data_line(
+                    &json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]}),
+                )
+            };
+            if !echo.is_empty()
+                && tx
+                    .send(Ok(chunk(&echo, Value::Null, Value::Null)))
+                    .await
+                    .is_err()
+            {
+                return;
+            }
+            while let Some(item) = gen.next().await {
+                let bytes = match item {
+                    GenItem::Content { text, logprobs } => {
+                        let lp = if want_lp {
+                            legacy_logprobs(&tok, &logprobs, offset)
+                        } else {
+                            Value::Null
+                        };
+                        offset += text.len();
+                        chunk(&text, lp, Value::Null)
+                    }
+                    GenItem::Reasoning(_) | GenItem::ToolCall(_) => continue,
+                    GenItem::Done { reason, usage, .. } => {
+                        let mut out =
+                            chunk("", Value::Null, Value::String(reason.openai().into())).to_vec();
+                        if include_usage {
+                            out.extend_from_slice(&data_line(&json!({"id": id, "object": "text_completion",
+                                "created": created, "model": model, "choices": [], "usage": usage_json(&usage)})));
+                        }
+                        out.extend_from_slice(b"data: [DONE]\n\n");
+                        let _ = tx.send(Ok(Bytes::from(out))).await;
+                        return;
+                    }
+                    GenItem::Failed(e) => {
+                        let _ = tx.send(Ok(data_line(&e.body(Flavor::OpenAi)))).await;
+                        return;
+                    }
+                };
+                if tx.send(Ok(bytes)).await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+}
