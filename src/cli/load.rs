@@ -36,11 +36,13 @@ pub fn report_unavailable(a: &RunArgs) {
 pub fn check_device(d: Device) -> Result<()> {
     match d {
         Device::Cpu => Ok(()),
-        // WIRE-AT-MERGE (wt-a): `if crate::backend::cuda::cuda_available() { return Ok(()) }`
-        // and construct the CUDA backend in `load_model` below.
-        Device::Cuda => bail!(
-            "--device cuda: the CUDA backend is not available in this build (no CUDA driver probe compiled in); use --device cpu"
+        // The kernels run on the GPU (`fucina selftest`), but whole models run only on the CPU
+        // reference backend until the CUDA model backend lands.
+        Device::Cuda if crate::backend::cuda::cuda_available() => bail!(
+            "--device cuda: a CUDA driver is present, but models do not run on the CUDA backend yet \
+             (only the kernel selftest does: `fucina selftest`); use --device cpu"
         ),
+        Device::Cuda => bail!("--device cuda: no CUDA driver found on this machine; use --device cpu"),
     }
 }
 
@@ -84,7 +86,6 @@ fn load_model(
     let tok = crate::tokenizer::load_for_checkpoint(&ckpt, a.tokenizer.as_deref())
         .context("loading the tokenizer")?;
     let files = template_files(&ckpt, a.tokenizer.as_deref())?;
-    // WIRE-AT-MERGE (wt-a): a CUDA backend when `--device cuda`.
     let model = load_model_on(&ckpt, Arc::new(CpuBackend::new()), a.ctx)?;
     let id = path
         .file_name()
@@ -99,15 +100,7 @@ fn load_model_on<B: crate::backend::Backend>(
     ctx: usize,
 ) -> Result<Arc<dyn CausalLm>> {
     let opts = LoadOptions { max_context: ctx };
-    let det = crate::arch::detect(ckpt)?;
-    // The registry dispatches what it lists as loadable; Gemma modules are called directly
-    // until the registry lists them (WIRE-AT-MERGE: drop this match then).
-    Ok(match det.arch {
-        a if crate::model::registry::loadable(a) => load_model_registry(ckpt, backend, &opts)?,
-        crate::arch::Arch::Gemma3 => crate::model::gemma3::load(ckpt, &det, backend, &opts)?,
-        crate::arch::Arch::Gemma4 => crate::model::gemma4::load(ckpt, &det, backend, &opts)?,
-        _ => load_model_registry(ckpt, backend, &opts)?,
-    })
+    Ok(load_model_registry(ckpt, backend, &opts)?)
 }
 
 /// The chat template: files beside the weights (or the tokenizer override), else the GGUF's

@@ -39,11 +39,13 @@ pub fn main() -> ExitCode {
 }
 
 fn dispatch(cli: Cli) -> Result<ExitCode> {
-    if let Some(Command::Selftest { args }) = cli.command {
-        // WIRE-AT-MERGE (wt-a): parse `args` into `crate::selftest::SelftestArgs` and return
-        // `Ok(if crate::selftest::run(&a)? { ExitCode::SUCCESS } else { ExitCode::FAILURE })`.
-        let _ = args;
-        return Err(anyhow!("selftest is not available in this build (the kernel selftest module is not compiled in)"));
+    if let Some(Command::Selftest(args)) = cli.command {
+        let passed = crate::selftest::run(&args)?;
+        return Ok(if passed {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
     }
     let a = cli.run;
     load::report_unavailable(&a);
