@@ -31,3 +31,7 @@ bash scripts/fetch-assets.sh "$cache/assets"
 export FUCINA_TEST_ASSETS="$cache/assets"
 
 cargo test --workspace "$@"
+
+# Generated kernels: snapshots of every rendered instance and of the representative PTX set are
+# current, and every instance compiles (fails naming `cargo xtask gen-kernels` when stale).
+cargo xtask gen-kernels --check

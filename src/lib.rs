@@ -14,6 +14,8 @@ pub mod tokenizer;
 pub mod backend;
 pub mod arch;
 pub mod gguf;
+pub mod selftest;
+pub mod kernels;
 pub mod weights;
 pub mod assets;
 pub mod server;

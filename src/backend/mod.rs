@@ -9,6 +9,7 @@
 //! - Every fallible op returns `BackendError`; shape mismatches are errors, not panics.
 
 pub mod cpu;
+pub mod cuda;
 pub mod error;
 pub use error::BackendError;
 

@@ -20,11 +20,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Check every kernel variant and whole models against the CPU reference (GPU machine).
-    Selftest {
-        /// Arguments passed to the selftest.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
+    Selftest(crate::selftest::SelftestArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -36,10 +36,13 @@ pub fn report_unavailable(a: &RunArgs) {
 pub fn check_device(d: Device) -> Result<()> {
     match d {
         Device::Cpu => Ok(()),
-        // WIRE-AT-MERGE (wt-a): `if crate::backend::cuda::cuda_available() { return Ok(()) }`
-        // and construct the CUDA backend in `load_model` below.
+        // The CUDA backend does not implement the model-level Backend trait yet
+        // (WIRE-AT-MERGE: construct it in `load_model` when it does).
+        Device::Cuda if crate::backend::cuda::cuda_available() => bail!(
+            "--device cuda: a CUDA driver is present, but the CUDA model backend is not wired into this build yet; use --device cpu"
+        ),
         Device::Cuda => bail!(
-            "--device cuda: the CUDA backend is not available in this build (no CUDA driver probe compiled in); use --device cpu"
+            "--device cuda: no CUDA driver found on this machine (the CUDA backend is not available); use --device cpu"
         ),
     }
 }

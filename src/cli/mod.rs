@@ -39,11 +39,12 @@ pub fn main() -> ExitCode {
 }
 
 fn dispatch(cli: Cli) -> Result<ExitCode> {
-    if let Some(Command::Selftest { args }) = cli.command {
-        // WIRE-AT-MERGE (wt-a): parse `args` into `crate::selftest::SelftestArgs` and return
-        // `Ok(if crate::selftest::run(&a)? { ExitCode::SUCCESS } else { ExitCode::FAILURE })`.
-        let _ = args;
-        return Err(anyhow!("selftest is not available in this build (the kernel selftest module is not compiled in)"));
+    if let Some(Command::Selftest(args)) = cli.command {
+        return Ok(if crate::selftest::run(&args)? {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
     }
     let a = cli.run;
     load::report_unavailable(&a);

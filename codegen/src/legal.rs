@@ -1,0 +1,135 @@
+//! Which key combinations make sense for each op. The manifest validator rejects the rest, so a
+//! typo in `kernel-templates/manifest.toml` fails the build instead of producing a kernel nobody
+//! can dispatch to. When you add an op (or widen one), add or edit its arm here.
+
+use crate::key::{BatchBucket, HeadDim, KernelKey, Op, Quant};
+
+/// Weight formats a GEMV/GEMM can read in place.
+const WEIGHT_FORMATS: &[Quant] = &[
+    Quant::F32,
+    Quant::F16,
+    Quant::Bf16,
+    Quant::Q8_0,
+    Quant::Q4_0,
+    Quant::Q5_0,
+    Quant::Q4K,
+    Quant::Q6K,
+    Quant::Fp8E4m3,
+    Quant::NvFp4,
+];
+
+/// `Ok(())` if `key` is a legal instance, else why not.
+pub fn check_legal(key: &KernelKey) -> Result<(), String> {
+    let any_hd = |k: &KernelKey| {
+        if k.head_dim == HeadDim::Any {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} takes its dimensions at run time: head_dim must be \"any\"",
+                k.op
+            ))
+        }
+    };
+    let any_bs = |k: &KernelKey| {
+        if k.batch == BatchBucket::Any {
+            Ok(())
+        } else {
+            Err(format!("{} is batch-agnostic: batch must be \"any\"", k.op))
+        }
+    };
+    let quant_in = |k: &KernelKey, allowed: &[Quant]| {
+        if allowed.contains(&k.quant) {
+            Ok(())
+        } else {
+            let names: Vec<&str> = allowed.iter().map(|q| q.as_str()).collect();
+            Err(format!(
+                "{} does not take quant {} (allowed: {})",
+                k.op,
+                k.quant,
+                names.join(", ")
+            ))
+        }
+    };
+    match key.op {
+        Op::RmsNorm | Op::Rope | Op::Softmax | Op::Geglu | Op::Swiglu | Op::QuantizeQ8 => {
+            quant_in(key, &[Quant::F32])?;
+            any_hd(key)?;
+            any_bs(key)
+        }
+        Op::Sample | Op::Convert => {
+            quant_in(key, &[Quant::F32])?;
+            any_hd(key)?;
+            any_bs(key)
+        }
+        Op::Gemv => {
+            quant_in(key, WEIGHT_FORMATS)?;
+            any_hd(key)?;
+            match key.batch.value() {
+                Some(n) if n <= 16 => Ok(()),
+                _ => Err("gemv needs a batch bucket of 1..16 rows (gemm covers larger)".into()),
+            }
+        }
+        Op::Gemm => {
+            quant_in(key, WEIGHT_FORMATS)?;
+            any_hd(key)?;
+            if key.quant == Quant::Fp8E4m3 && !key.arch.has_fp8_mma() {
+                return Err(format!(
+                    "fp8 gemm needs fp8 mma.sync (sm_89+), not {}",
+                    key.arch
+                ));
+            }
+            Ok(())
+        }
+        Op::AttnDecode => {
+            quant_in(key, &[Quant::Fp8E4m3, Quant::F16, Quant::Bf16, Quant::F32])?;
+            if key.head_dim == HeadDim::Any {
+                return Err("attn_decode is specialised per head_dim (64/128/256/512)".into());
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::SmArch;
+
+    #[test]
+    fn rules() {
+        let k = KernelKey::simple(Op::RmsNorm, Quant::F32, SmArch::Sm90a);
+        assert!(check_legal(&k).is_ok());
+        let bad = KernelKey {
+            head_dim: HeadDim::D128,
+            ..k
+        };
+        assert!(check_legal(&bad).unwrap_err().contains("head_dim"));
+        let bad = KernelKey {
+            quant: Quant::Q4_0,
+            ..k
+        };
+        assert!(check_legal(&bad).unwrap_err().contains("quant"));
+        let g = KernelKey {
+            op: Op::Gemm,
+            quant: Quant::Fp8E4m3,
+            ..k
+        };
+        assert!(check_legal(&g).is_ok());
+        let g80 = KernelKey {
+            arch: SmArch::Sm80,
+            ..g
+        };
+        assert!(check_legal(&g80).unwrap_err().contains("sm_89"));
+        let a = KernelKey {
+            op: Op::AttnDecode,
+            quant: Quant::Fp8E4m3,
+            ..k
+        };
+        assert!(check_legal(&a).is_err());
+        assert!(check_legal(&KernelKey {
+            head_dim: HeadDim::D256,
+            ..a
+        })
+        .is_ok());
+    }
+}

@@ -1,0 +1,216 @@
+//! One CUDA device: context, stream, PTX cache and the modules loaded from it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr};
+use cudarc::nvrtc::Ptx;
+
+use super::error::{drv, CudaError};
+use crate::kernels::{self, BatchBucket, HeadDim, KernelKey, KernelSpec, Op, Quant, SmArch};
+use codegen::ptx::{CacheConfig, PtxCache};
+
+/// A CUDA device with its primary context, one stream and a module cache keyed by kernel key.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    cc: (u32, u32),
+    arches: Vec<SmArch>,
+    ptx: PtxCache,
+    modules: Mutex<HashMap<KernelKey, Arc<CudaModule>>>,
+    /// Main entry points, resolved once (launch paths do no string work).
+    functions: Mutex<HashMap<KernelKey, CudaFunction>>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("cc", &self.cc)
+            .field("arches", &self.arches)
+            .finish()
+    }
+}
+
+impl CudaDevice {
+    /// Open device `ordinal` with the PTX cache configured from the environment
+    /// (`FUCINA_CACHE_DIR`, `FUCINA_STRICT_KERNELS`).
+    pub fn new(ordinal: usize) -> Result<CudaDevice, CudaError> {
+        CudaDevice::with_cache(ordinal, CacheConfig::from_env()?)
+    }
+
+    /// Open device `ordinal` with an explicit PTX cache configuration.
+    pub fn with_cache(ordinal: usize, cache: CacheConfig) -> Result<CudaDevice, CudaError> {
+        if !super::cuda_available() {
+            return Err(CudaError::NoDevice);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv(format!("opening device {ordinal}")))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(drv("reading compute capability"))?;
+        let (major, minor) = (major as u32, minor as u32);
+        let arches = SmArch::candidates_for(major, minor);
+        if arches.is_empty() {
+            return Err(CudaError::UnsupportedDevice { major, minor });
+        }
+        let stream = ctx.default_stream();
+        Ok(CudaDevice {
+            ctx,
+            stream,
+            cc: (major, minor),
+            arches,
+            ptx: PtxCache::new(cache),
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn name(&self) -> String {
+        self.ctx
+            .name()
+            .unwrap_or_else(|_| "unknown CUDA device".into())
+    }
+
+    /// (major, minor) compute capability.
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.cc
+    }
+
+    /// The device's own arch (its `a` target when we have one, else the best generic one).
+    pub fn arch(&self) -> SmArch {
+        self.arches[0]
+    }
+
+    /// Every arch whose PTX this device can run, best first.
+    pub fn runnable_arches(&self) -> &[SmArch] {
+        &self.arches
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn ptx_cache(&self) -> &PtxCache {
+        &self.ptx
+    }
+
+    /// Best instance of (op, quant, head_dim, batch) for this device.
+    pub fn resolve(
+        &self,
+        op: Op,
+        quant: Quant,
+        head_dim: HeadDim,
+        batch: BatchBucket,
+    ) -> Result<&'static KernelSpec, CudaError> {
+        Ok(kernels::resolve(
+            op, quant, head_dim, batch, self.cc.0, self.cc.1,
+        )?)
+    }
+
+    /// The module of `spec`, compiled through the PTX cache and loaded once.
+    pub fn module(&self, spec: &'static KernelSpec) -> Result<Arc<CudaModule>, CudaError> {
+        if !self.arches.contains(&spec.key.arch) {
+            return Err(CudaError::WrongArch {
+                name: spec.name,
+                arch: spec.key.arch,
+                major: self.cc.0,
+                minor: self.cc.1,
+            });
+        }
+        if let Some(m) = self
+            .modules
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&spec.key).cloned())
+        {
+            return Ok(m);
+        }
+        let ptx = self
+            .ptx
+            .get_or_compile(spec.name, spec.source, spec.key.arch)?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_src(ptx))
+            .map_err(drv(format!("loading module {}", spec.name)))?;
+        if let Ok(mut m) = self.modules.lock() {
+            m.insert(spec.key, module.clone());
+        }
+        Ok(module)
+    }
+
+    /// Compile (or fetch from the disk cache) the PTX of every instance this device can run,
+    /// on a few threads with a progress bar when `show_progress` (first start after an
+    /// install or a template change). Returns how many instances were covered.
+    pub fn precompile(&self, show_progress: bool) -> Result<usize, CudaError> {
+        let specs: Vec<&'static KernelSpec> = kernels::KERNELS
+            .iter()
+            .filter(|s| self.arches.contains(&s.key.arch))
+            .collect();
+        let jobs: Vec<codegen::ptx::Job<'_>> = specs
+            .iter()
+            .map(|s| codegen::ptx::Job {
+                name: s.name,
+                source: s.source,
+                arch: s.key.arch,
+            })
+            .collect();
+        codegen::ptx::compile_many(&self.ptx, &jobs, show_progress)?;
+        Ok(jobs.len())
+    }
+
+    /// The main kernel (`extern "C"` name = `spec.name`).
+    pub fn function(&self, spec: &'static KernelSpec) -> Result<CudaFunction, CudaError> {
+        if let Some(f) = self
+            .functions
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&spec.key).cloned())
+        {
+            return Ok(f);
+        }
+        let f = self
+            .module(spec)?
+            .load_function(spec.name)
+            .map_err(drv(format!("finding {}", spec.name)))?;
+        if let Ok(mut m) = self.functions.lock() {
+            m.insert(spec.key, f.clone());
+        }
+        Ok(f)
+    }
+
+    /// A secondary kernel of the same module, named `<spec.name>__<suffix>`.
+    pub fn function_suffixed(
+        &self,
+        spec: &'static KernelSpec,
+        suffix: &str,
+    ) -> Result<CudaFunction, CudaError> {
+        let name = format!("{}__{suffix}", spec.name);
+        self.module(spec)?
+            .load_function(&name)
+            .map_err(drv(format!("finding {name}")))
+    }
+
+    /// Copy host data to a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, CudaError> {
+        self.stream
+            .clone_htod(data)
+            .map_err(drv("host->device copy"))
+    }
+
+    /// Copy a device buffer back to the host (synchronises the stream).
+    pub fn download<T: DeviceRepr>(&self, s: &CudaSlice<T>) -> Result<Vec<T>, CudaError> {
+        self.stream.clone_dtoh(s).map_err(drv("device->host copy"))
+    }
+
+    /// A device buffer of `n` f32 all equal to `value` (NaN to poison outputs in tests).
+    pub fn filled_f32(&self, n: usize, value: f32) -> Result<CudaSlice<f32>, CudaError> {
+        self.upload(&vec![value; n])
+    }
+
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(drv("stream synchronize"))
+    }
+}

@@ -1,0 +1,38 @@
+//! Errors of the CUDA runtime.
+
+use crate::kernels::KernelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("no CUDA driver or device (libcuda.so.1 not loadable, cuInit failed, or 0 devices)")]
+    NoDevice,
+    #[error("device compute capability {major}.{minor} is not supported (fucina needs sm_80+)")]
+    UnsupportedDevice { major: u32, minor: u32 },
+    #[error("CUDA driver error {context}: {source}")]
+    Driver {
+        context: String,
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Ptx(#[from] codegen::ptx::PtxError),
+    #[error("kernel {name} targets {arch}, which a compute capability {major}.{minor} device cannot run")]
+    WrongArch {
+        name: &'static str,
+        arch: codegen::SmArch,
+        major: u32,
+        minor: u32,
+    },
+    #[error("{op}: invalid launch: {detail}")]
+    Invalid { op: &'static str, detail: String },
+}
+
+/// Attach context to a cudarc driver error.
+pub(crate) fn drv(
+    context: impl Into<String>,
+) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError {
+    let context = context.into();
+    move |source| CudaError::Driver { context, source }
+}

@@ -1,0 +1,26 @@
+//! The registry of per-op checks. Add one line per check (its own file in this folder).
+
+mod convert;
+mod glu;
+mod rmsnorm;
+mod rope;
+mod softmax;
+
+use super::check::KernelCheck;
+use crate::kernels::KernelKey;
+
+/// Every registered check.
+pub fn all() -> Vec<&'static dyn KernelCheck> {
+    vec![
+        &rmsnorm::RmsNormCheck,
+        &rope::RopeCheck,
+        &softmax::SoftmaxCheck,
+        &glu::GluCheck,
+        &convert::ConvertCheck,
+    ]
+}
+
+/// The check covering `key`, if any.
+pub fn for_key(key: &KernelKey) -> Option<&'static dyn KernelCheck> {
+    all().into_iter().find(|c| c.covers(key))
+}

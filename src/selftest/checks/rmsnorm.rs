@@ -1,0 +1,62 @@
+//! RMSNorm instances vs `crate::ops::rms_norm`: plain, 1+w and weightless; whole rows and
+//! per-head groups; a dim that is not a multiple of the block size.
+
+use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
+use crate::backend::cuda::CudaError;
+use crate::backend::Norm;
+use crate::kernels::{KernelKey, KernelSpec, Op};
+use crate::ops::{rms_norm, NormWeight};
+
+pub struct RmsNormCheck;
+
+impl KernelCheck for RmsNormCheck {
+    fn name(&self) -> &'static str {
+        "rmsnorm"
+    }
+    fn covers(&self, key: &KernelKey) -> bool {
+        key.op == Op::RmsNorm
+    }
+    fn bound(&self, _: &KernelKey) -> f64 {
+        2e-5
+    }
+    fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
+        // (groups, dim, mode): whole-row Gemma 4 12B, per-head q-norm (16 heads x 2 tokens),
+        // weightless v-norm with an odd dim.
+        let cases = [(7usize, 3840usize, 0u8), (32, 128, 1u8), (3, 3000, 2u8)];
+        let eps = 1e-6f32;
+        let mut cmp = Comparison::default();
+        for &(groups, dim, mode) in &cases {
+            let x = uniform(&mut cx.rng, groups * dim, -3.0, 3.0);
+            let w = uniform(&mut cx.rng, dim, -1.0, 1.5);
+            let mut want = vec![0f32; x.len()];
+            let nw = match mode {
+                0 => NormWeight::Plain(&w),
+                1 => NormWeight::OnePlus(&w),
+                _ => NormWeight::None,
+            };
+            rms_norm(&x, nw, eps, dim, &mut want);
+            let dx = cx.dev.upload(&x)?;
+            let dw = cx.dev.upload(&w)?;
+            let mut out = cx.dev.filled_f32(x.len(), f32::NAN)?;
+            let dn = match mode {
+                0 => Norm::Plain(&dw),
+                1 => Norm::OnePlus(&dw),
+                _ => Norm::None,
+            };
+            cx.dev.rms_norm(spec, &dx, dn, eps, dim, &mut out)?;
+            cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
+        }
+        // Timing: one decode-sized batch of 32 rows x 4096.
+        let (groups, dim) = (32usize, 4096usize);
+        let dx = cx
+            .dev
+            .upload(&uniform(&mut cx.rng, groups * dim, -3.0, 3.0))?;
+        let dw = cx.dev.upload(&uniform(&mut cx.rng, dim, -1.0, 1.0))?;
+        let mut out = cx.dev.filled_f32(groups * dim, f32::NAN)?;
+        let dev = cx.dev;
+        let micros = time_us(dev, cx.iters, || {
+            dev.rms_norm(spec, &dx, Norm::Plain(&dw), eps, dim, &mut out)
+        })?;
+        Ok(Measured { cmp, micros })
+    }
+}
