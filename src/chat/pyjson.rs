@@ -67,7 +67,7 @@ fn dump(
         ValueKind::Map => {
             let mut keys: Vec<Value> = v.try_iter()?.collect();
             if o.sort_keys {
-                keys.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+                keys.sort_by_key(|k| k.to_string());
             }
             container(out, o, level, '{', '}', &keys, |k, out| {
                 match k.as_str() {

@@ -36,13 +36,14 @@ pub fn report_unavailable(a: &RunArgs) {
 pub fn check_device(d: Device) -> Result<()> {
     match d {
         Device::Cpu => Ok(()),
-        // The kernels run on the GPU (`fucina selftest`), but whole models run only on the CPU
-        // reference backend until the CUDA model backend lands.
+        // The kernels run on the GPU (`fucina selftest`), but the CUDA backend does not implement
+        // the model-level Backend trait yet: construct it in `load_model` when it does.
         Device::Cuda if crate::backend::cuda::cuda_available() => bail!(
-            "--device cuda: a CUDA driver is present, but models do not run on the CUDA backend yet \
-             (only the kernel selftest does: `fucina selftest`); use --device cpu"
+            "--device cuda: a CUDA driver is present, but the CUDA model backend is not wired into this build yet; use --device cpu"
         ),
-        Device::Cuda => bail!("--device cuda: no CUDA driver found on this machine; use --device cpu"),
+        Device::Cuda => bail!(
+            "--device cuda: no CUDA driver found on this machine (the CUDA backend is not available); use --device cpu"
+        ),
     }
 }
 

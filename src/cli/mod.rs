@@ -40,8 +40,7 @@ pub fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<ExitCode> {
     if let Some(Command::Selftest(args)) = cli.command {
-        let passed = crate::selftest::run(&args)?;
-        return Ok(if passed {
+        return Ok(if crate::selftest::run(&args)? {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE

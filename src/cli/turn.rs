@@ -117,7 +117,7 @@ pub fn run(
         match ev {
             ParsedEvent::Content(c) => {
                 if *in_reasoning {
-                    write!(out, "{RESET}\n")?;
+                    writeln!(out, "{RESET}")?;
                     *in_reasoning = false;
                 }
                 write!(out, "{c}")?;

@@ -153,7 +153,7 @@ impl Sampler {
                 .map(|(i, &l)| (i as u32, (l - max) * inv_t)),
         );
         if p.top_k > 0 && p.top_k < c.len() {
-            c.select_nth_unstable_by(p.top_k - 1, |a, b| cmp_desc(a, b));
+            c.select_nth_unstable_by(p.top_k - 1, cmp_desc);
             c.truncate(p.top_k);
         }
         c.sort_unstable_by(cmp_desc);

@@ -77,7 +77,17 @@ impl Worker {
                 continue;
             }
             self.metrics.running(1);
-            let outcome = self.generate(&sub);
+            // A panic inside a model is reported to its request; the scheduler keeps serving.
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.generate(&sub)))
+                    .unwrap_or_else(|p| {
+                        let what = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        Err(EngineError::Model(format!("the model panicked: {what}")))
+                    });
             self.metrics.running(-1);
             match outcome {
                 Ok(cancelled) => self.metrics.finished(cancelled),
