@@ -43,6 +43,13 @@ pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
     })
 }
 
+/// Default GEMV grid: one step of `rows` rows (the instance's `rows` param, 1 when absent) per
+/// warp, 4 warps per block.
+pub fn gemv_default_grid(spec: &KernelSpec, n: usize) -> u32 {
+    let rows = spec.param_u32("rows").unwrap_or(1).max(1) as usize;
+    n.div_ceil(4 * rows).min(u32::MAX as usize) as u32
+}
+
 /// Activations of a block-format GEMV: int8 per 32 (`xq`) and per group {d, d*sum(q)} (`xds`,
 /// two floats per group), as written by [`CudaDevice::quantize_q8`].
 pub struct Q8Activations {
@@ -98,7 +105,7 @@ impl CudaDevice {
     /// `y[b][r] = sum_j W[r][j] x[b][j]` for `b < spec.key.batch`: `w` holds `n` rows of `k`
     /// elements in the GGUF layout of `spec.key.quant`. Float formats read `x` (f32, batch*k);
     /// block formats read `act` (from [`Self::quantize_q8`] of x). `grid` = blocks of 4 warps
-    /// (None: one row per warp, the measured best on H200).
+    /// (None: [`gemv_default_grid`], one row group per warp, the measured best on H200).
     #[allow(clippy::too_many_arguments)]
     pub fn gemv(
         &self,
@@ -147,7 +154,7 @@ impl CudaDevice {
             ));
         }
         let (n32, k32) = (int(OP, "n", n)?, int(OP, "k", k)?);
-        let grid = grid.unwrap_or(n.div_ceil(4) as u32).max(1);
+        let grid = grid.unwrap_or_else(|| gemv_default_grid(spec, n)).max(1);
         let f = self.function(spec)?;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
