@@ -196,8 +196,12 @@ fn main() -> Result<()> {
             );
         };
         // grid sweep: the default (one row group per warp) and persistent grids of g blocks per SM
-        let old = gemv_default_grid(spec, n);
-        let mut grids = vec![(format!("default={old}"), old)];
+        let old = gemv_default_grid(spec, n, sms);
+        let one = n.div_ceil(4 * spec.param_u32("rows").unwrap_or(1).max(1) as usize) as u32;
+        let mut grids = vec![
+            (format!("default={old}"), old),
+            (format!("1 step/warp={one}"), one),
+        ];
         for g in [4u32, 6] {
             grids.push((format!("{g}/SM={}", g * sms), g * sms));
         }
@@ -260,16 +264,24 @@ fn main() -> Result<()> {
                 100.0 * gbs / peak
             );
         };
-        let grid = gemv_default_grid(spec, n8);
-        let ms = time_graph(&dev, 30, copies, |i| {
-            Ok(dev.gemv(spec, &ws[i % copies], &dx, &act, &mut y, n8, k, Some(grid))?)
-        })?;
-        row("graph", ms);
-        if major >= 9 && ty.block().0 > 1 {
+        let one = n8.div_ceil(4 * spec.param_u32("rows").unwrap_or(1).max(1) as usize) as u32;
+        let def = gemv_default_grid(spec, n8, sms);
+        let grids = if def == one {
+            vec![def]
+        } else {
+            vec![def, one]
+        };
+        for grid in grids {
             let ms = time_graph(&dev, 30, copies, |i| {
-                gemv_pdl(&dev, spec, &ws[i % copies], &dx, &act, &mut y, n8, k, grid)
+                Ok(dev.gemv(spec, &ws[i % copies], &dx, &act, &mut y, n8, k, Some(grid))?)
             })?;
-            row("graph + PDL", ms);
+            row(&format!("graph grid {grid}"), ms);
+            if major >= 9 && ty.block().0 > 1 {
+                let ms = time_graph(&dev, 30, copies, |i| {
+                    gemv_pdl(&dev, spec, &ws[i % copies], &dx, &act, &mut y, n8, k, grid)
+                })?;
+                row(&format!("graph + PDL grid {grid}"), ms);
+            }
         }
     }
     Ok(())
