@@ -7,7 +7,10 @@
 //!    a CUDA graph holding one launch per weight copy (copies >= 480 MB, so the 50-60 MB L2 never
 //!    holds the next launch's weights), per launch; GB/s counts weight bytes. Block formats are
 //!    also timed with programmatic dependent launch (PDL, sm_90+), which lets each GEMV stream
-//!    its weights while the previous one drains.
+//!    its weights while the previous one drains. Each format is timed at its default grid
+//!    (`gemv_default_grid`), one row step per warp, and 4 / 6 blocks per SM.
+//! 3. the same GEMV over 8x the rows (98304 x 4096) for Q4_0, Q4_K, Q8_0, F16: the streaming
+//!    rate without the per-launch fixed cost.
 
 use anyhow::{anyhow, Result};
 use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
