@@ -7,11 +7,14 @@
 //!    a CUDA graph holding one launch per weight copy (copies >= 480 MB, so the 50-60 MB L2 never
 //!    holds the next launch's weights), per launch; GB/s counts weight bytes. Block formats are
 //!    also timed with programmatic dependent launch (PDL, sm_90+), which lets each GEMV stream
-//!    its weights while the previous one drains.
+//!    its weights while the previous one drains. Each format is timed at its default grid
+//!    (`gemv_default_grid`), one row step per warp, and 4 / 6 blocks per SM.
+//! 3. the same GEMV over 8x the rows (98304 x 4096) for Q4_0, Q4_K, Q8_0, F16: the streaming
+//!    rate without the per-launch fixed cost.
 
 use anyhow::{anyhow, Result};
 use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
-use fucina::backend::cuda::{CudaDevice, Q8Activations};
+use fucina::backend::cuda::{gemv_default_grid, CudaDevice, Q8Activations};
 use fucina::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
 use fucina::ops::qdot::{quantize_q8_1, random_weights};
 use fucina::quant::GgmlType;
@@ -78,6 +81,7 @@ fn gemv_pdl(
     y: &mut CudaSlice<f32>,
     n: usize,
     k: usize,
+    grid: u32,
 ) -> Result<()> {
     let f = dev.function(spec)?;
     let s = dev.stream();
@@ -101,7 +105,7 @@ fn gemv_pdl(
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr.value.programmaticStreamSerializationAllowed = 1;
     let cfg = sys::CUlaunchConfig {
-        gridDimX: n.div_ceil(4) as u32,
+        gridDimX: grid,
         gridDimY: 1,
         gridDimZ: 1,
         blockDimX: 128,
@@ -194,16 +198,92 @@ fn main() -> Result<()> {
                 100.0 * gbs / peak
             );
         };
+        // grid sweep: the default (one row group per warp) and persistent grids of g blocks per SM
+        let old = gemv_default_grid(spec, n, sms);
+        let one = n.div_ceil(4 * spec.param_u32("rows").unwrap_or(1).max(1) as usize) as u32;
+        let mut grids = vec![
+            (format!("default={old}"), old),
+            (format!("1 step/warp={one}"), one),
+        ];
+        for g in [4u32, 6] {
+            grids.push((format!("{g}/SM={}", g * sms), g * sms));
+        }
+        for (label, grid) in &grids {
+            let grid = *grid;
+            let ms = time_graph(&dev, 30, copies, |i| {
+                Ok(dev.gemv(spec, &ws[i % copies], &dx, &act, &mut y, n, k, Some(grid))?)
+            })?;
+            row(&format!("graph {label}"), ms);
+            if major >= 9 && ty.block().0 > 1 {
+                match time_graph(&dev, 30, copies, |i| {
+                    gemv_pdl(&dev, spec, &ws[i % copies], &dx, &act, &mut y, n, k, grid)
+                }) {
+                    Ok(ms) => row(&format!("graph + PDL {label}"), ms),
+                    Err(e) => println!("| {q} | PDL failed: {e:#} |"),
+                }
+            }
+        }
         let ms = time_graph(&dev, 30, copies, |i| {
             Ok(dev.gemv(spec, &ws[i % copies], &dx, &act, &mut y, n, k, None)?)
         })?;
-        row("graph", ms);
-        if major >= 9 && ty.block().0 > 1 {
-            match time_graph(&dev, 30, copies, |i| {
-                gemv_pdl(&dev, spec, &ws[i % copies], &dx, &act, &mut y, n, k)
-            }) {
-                Ok(ms) => row("graph + PDL", ms),
-                Err(e) => println!("| {q} | PDL failed: {e:#} |"),
+        row("graph default", ms);
+    }
+    // fixed cost vs streaming rate: the same GEMV over 8x the rows (default grid)
+    println!("| weight | MB | launch (n = 8 x {n}) | median us | GB/s | % of reference |");
+    let n8 = 8 * n;
+    for (q, ty) in [
+        (Quant::Q4_0, GgmlType::Q4_0),
+        (Quant::Q4K, GgmlType::Q4K),
+        (Quant::Q8_0, GgmlType::Q8_0),
+        (Quant::F16, GgmlType::F16),
+    ] {
+        let spec = dev.resolve(Op::Gemv, q, HeadDim::Any, BatchBucket::B1)?;
+        let w1 = random_weights(ty, n8, k, &mut rng)?;
+        let wb = w1.len();
+        let copies = 480_000_000usize.div_ceil(wb).max(2);
+        let mut ws = Vec::with_capacity(copies);
+        for c in 0..copies {
+            let mut w = w1.clone();
+            w[c % wb] ^= 1;
+            ws.push(dev.upload(&w)?);
+        }
+        let x: Vec<f32> = (0..k)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+            .collect();
+        let a = quantize_q8_1(&x)?;
+        let ds: Vec<f32> = a.d.iter().zip(&a.s).flat_map(|(&d, &s)| [d, s]).collect();
+        let act = Q8Activations {
+            xq: dev.upload(&a.qs)?,
+            xds: dev.upload(&ds)?,
+        };
+        let dx = dev.upload(&x)?;
+        let mut y = dev.filled_f32(n8, f32::NAN)?;
+        let row = |label: &str, ms: f64| {
+            let gbs = wb as f64 / ms / 1e6;
+            println!(
+                "| {q} | {:.1} | {label} | {:.2} | {gbs:.0} | {:.1}% |",
+                wb as f64 / 1e6,
+                ms * 1e3,
+                100.0 * gbs / peak
+            );
+        };
+        let one = n8.div_ceil(4 * spec.param_u32("rows").unwrap_or(1).max(1) as usize) as u32;
+        let def = gemv_default_grid(spec, n8, sms);
+        let grids = if def == one {
+            vec![def]
+        } else {
+            vec![def, one]
+        };
+        for grid in grids {
+            let ms = time_graph(&dev, 30, copies, |i| {
+                Ok(dev.gemv(spec, &ws[i % copies], &dx, &act, &mut y, n8, k, Some(grid))?)
+            })?;
+            row(&format!("graph grid {grid}"), ms);
+            if major >= 9 && ty.block().0 > 1 {
+                let ms = time_graph(&dev, 30, copies, |i| {
+                    gemv_pdl(&dev, spec, &ws[i % copies], &dx, &act, &mut y, n8, k, grid)
+                })?;
+                row(&format!("graph + PDL grid {grid}"), ms);
             }
         }
     }

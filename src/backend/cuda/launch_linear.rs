@@ -3,7 +3,7 @@
 //! Shapes are validated against the buffers (errors, never panics); every launch states the
 //! template signature it matches.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::error::{drv, CudaError};
 use super::CudaDevice;
@@ -41,6 +41,20 @@ pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
         Quant::Q6K => (256, 210),
         Quant::NvFp4 => return None,
     })
+}
+
+/// Default GEMV grid for `sms` multiprocessors: one step of `rows` rows (the instance's `rows`
+/// param, 1 when absent) per warp, 4 warps per block; instances with `rows` > 1 are capped at 4
+/// blocks per SM (persistent warps walking several row groups), measured faster on the H200
+/// (12288 x 4096: Q4_0 12.0 vs 13.2 us, Q4_K 12.7 vs 13.4 us).
+pub fn gemv_default_grid(spec: &KernelSpec, n: usize, sms: u32) -> u32 {
+    let rows = spec.param_u32("rows").unwrap_or(1).max(1) as usize;
+    let grid = n.div_ceil(4 * rows).min(u32::MAX as usize) as u32;
+    if rows > 1 {
+        grid.min(4 * sms.max(1))
+    } else {
+        grid
+    }
 }
 
 /// Activations of a block-format GEMV: int8 per 32 (`xq`) and per group {d, d*sum(q)} (`xds`,
@@ -95,10 +109,19 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// Multiprocessor count of this device.
+    pub fn sm_count(&self) -> Result<u32, CudaError> {
+        let v = self
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv("reading the multiprocessor count".to_string()))?;
+        Ok(v.max(1) as u32)
+    }
+
     /// `y[b][r] = sum_j W[r][j] x[b][j]` for `b < spec.key.batch`: `w` holds `n` rows of `k`
     /// elements in the GGUF layout of `spec.key.quant`. Float formats read `x` (f32, batch*k);
     /// block formats read `act` (from [`Self::quantize_q8`] of x). `grid` = blocks of 4 warps
-    /// (None: one row per warp, the measured best on H200).
+    /// (None: [`gemv_default_grid`], one row group per warp, the measured best on H200).
     #[allow(clippy::too_many_arguments)]
     pub fn gemv(
         &self,
@@ -147,7 +170,11 @@ impl CudaDevice {
             ));
         }
         let (n32, k32) = (int(OP, "n", n)?, int(OP, "k", k)?);
-        let grid = grid.unwrap_or(n.div_ceil(4) as u32).max(1);
+        let grid = match grid {
+            Some(g) => g,
+            None => gemv_default_grid(spec, n, self.sm_count()?),
+        }
+        .max(1);
         let f = self.function(spec)?;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),

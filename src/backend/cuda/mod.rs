@@ -16,7 +16,7 @@ pub use device::CudaDevice;
 pub use error::CudaError;
 pub use launch::{GluShape, RopeLaunch};
 pub use launch_decode::{AttnDecodeLaunch, AttnScratch};
-pub use launch_linear::{weight_block, Q8Activations};
+pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
 pub use probe::cuda_available;
 
 pub use cudarc::driver::{CudaSlice, CudaView};
