@@ -4,18 +4,18 @@
 //! architecture over the `backend` trait) -> `backend::{cpu, cuda}` -> generated kernels.
 //! Weights come from `gguf` / `safetensors` through `weights`, decoded by `quant`.
 
+pub mod arch;
+pub mod assets;
+pub mod backend;
 pub mod chat;
 pub mod cli;
 pub mod engine;
+pub mod gguf;
+pub mod kernels;
 pub mod model;
 pub mod ops;
 pub mod quant;
-pub mod tokenizer;
-pub mod backend;
-pub mod arch;
-pub mod gguf;
 pub mod selftest;
-pub mod kernels;
-pub mod weights;
-pub mod assets;
 pub mod server;
+pub mod tokenizer;
+pub mod weights;

@@ -64,7 +64,9 @@ fn cli_greedy_text_matches_the_oracle() {
         let out = Command::new(env!("CARGO_BIN_EXE_fucina"))
             .arg("-m")
             .arg(&gguf)
-            .args(["--device", "cpu", "--raw", "-p", text, "-n", "16", "--temp", "0"])
+            .args([
+                "--device", "cpu", "--raw", "-p", text, "-n", "16", "--temp", "0",
+            ])
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);

@@ -51,7 +51,13 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
         }
     };
     match key.op {
-        Op::RmsNorm | Op::Rope | Op::Softmax | Op::Geglu | Op::Swiglu | Op::QuantizeQ8 | Op::ReadBw => {
+        Op::RmsNorm
+        | Op::Rope
+        | Op::Softmax
+        | Op::Geglu
+        | Op::Swiglu
+        | Op::QuantizeQ8
+        | Op::ReadBw => {
             quant_in(key, &[Quant::F32])?;
             any_hd(key)?;
             any_bs(key)

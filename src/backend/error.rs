@@ -5,7 +5,11 @@ pub enum BackendError {
     #[error("{op}: shape mismatch: {detail}")]
     Shape { op: &'static str, detail: String },
     #[error("{op}: unsupported on the {backend} backend: {detail}")]
-    Unsupported { op: &'static str, backend: &'static str, detail: String },
+    Unsupported {
+        op: &'static str,
+        backend: &'static str,
+        detail: String,
+    },
     #[error("KV cache overflow: position {pos} exceeds capacity {capacity}")]
     KvOverflow { pos: usize, capacity: usize },
     #[error(transparent)]

@@ -138,29 +138,53 @@ pub trait Backend: Send + Sync + 'static {
     fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
     /// Split every head of `x` (`n_heads` groups of `sum(sizes)` columns) into one tensor per
     /// part: `[n, n_heads * sum] -> [[n, n_heads * sizes[i]]]`.
-    fn split_heads(&self, x: &Self::Tensor, n_heads: usize, sizes: &[usize])
-        -> Result<Vec<Self::Tensor>>;
+    fn split_heads(
+        &self,
+        x: &Self::Tensor,
+        n_heads: usize,
+        sizes: &[usize],
+    ) -> Result<Vec<Self::Tensor>>;
 
     // ---- normalisation and position ----
     /// RMSNorm over groups of `dim` columns (dim == cols for a whole-row norm, head_dim for
     /// per-head q/k norms); the weight has `dim` entries.
-    fn rms_norm(&self, x: &Self::Tensor, w: Norm<'_, Self::Tensor>, eps: f32, dim: usize)
-        -> Result<Self::Tensor>;
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        w: Norm<'_, Self::Tensor>,
+        eps: f32,
+        dim: usize,
+    ) -> Result<Self::Tensor>;
     /// L2-normalise groups of `dim` columns: x / sqrt(sum(x^2) + eps).
     fn l2_norm(&self, x: &Self::Tensor, eps: f32, dim: usize) -> Result<Self::Tensor>;
     /// Rotate `n_heads` heads of each row; row i is at position `pos0 + i`.
-    fn rope(&self, x: &Self::Tensor, n_heads: usize, pos0: usize, rope: &Rope)
-        -> Result<Self::Tensor>;
+    fn rope(
+        &self,
+        x: &Self::Tensor,
+        n_heads: usize,
+        pos0: usize,
+        rope: &Rope,
+    ) -> Result<Self::Tensor>;
 
     // ---- attention ----
     fn kv_cache(&self, shape: KvShape) -> Result<Self::KvCache>;
     /// Write `k`, `v` (`[n, n_kv*hd]`) at positions `pos0 .. pos0 + n`.
-    fn kv_write(&self, cache: &mut Self::KvCache, pos0: usize, k: &Self::Tensor, v: &Self::Tensor)
-        -> Result<()>;
+    fn kv_write(
+        &self,
+        cache: &mut Self::KvCache,
+        pos0: usize,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+    ) -> Result<()>;
     /// Causal attention of `q` (`[n, n_heads*hd]`, rows at `pos0 ..`) over the cache's
     /// positions `0 .. pos0 + n` (limited by the window). Returns `[n, n_heads*hd]`.
-    fn attention(&self, q: &Self::Tensor, cache: &Self::KvCache, pos0: usize, p: &AttnParams)
-        -> Result<Self::Tensor>;
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        pos0: usize,
+        p: &AttnParams,
+    ) -> Result<Self::Tensor>;
     /// Copy the first `n` positions of `src` into `dst` (KV sharing / rewinds).
     fn kv_truncate(&self, cache: &mut Self::KvCache, len: usize) -> Result<()>;
 
@@ -180,8 +204,12 @@ pub trait Backend: Send + Sync + 'static {
     // ---- Gated DeltaNet (Qwen3.5 linear attention) ----
     /// Depthwise causal conv1d (kernel k) over columns, followed by SiLU. `state` holds the last
     /// `k-1` inputs `[k-1, channels]` and is updated. `w` is `[channels, k]`.
-    fn causal_conv1d_silu(&self, x: &Self::Tensor, w: &Self::Weight, state: &mut Self::Tensor)
-        -> Result<Self::Tensor>;
+    fn causal_conv1d_silu(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        state: &mut Self::Tensor,
+    ) -> Result<Self::Tensor>;
     /// Gated DeltaNet gates: `g = neg_a * softplus(a + dt_bias)` and `beta = sigmoid(b)`, where
     /// `a`, `b` are `[n, n_v]` and `neg_a` (= -exp(A_log)), `dt_bias` are `[1, n_v]`.
     /// Returns `(g, beta)`.

@@ -10,7 +10,7 @@ pub mod norm;
 pub mod rope;
 pub mod softmax;
 
-pub use activation::{gelu_tanh, geglu, sigmoid, silu, softcap, softplus, swiglu};
+pub use activation::{geglu, gelu_tanh, sigmoid, silu, softcap, softplus, swiglu};
 pub use norm::{rms_norm, NormWeight};
 pub use rope::{rope, RopeLayout, RopeSpec};
 pub use softmax::{log_softmax, softmax};

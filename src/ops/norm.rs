@@ -17,7 +17,11 @@ pub enum NormWeight<'a> {
 /// comparison.
 pub fn rms_norm(x: &[f32], weight: NormWeight<'_>, eps: f32, dim: usize, out: &mut [f32]) {
     assert_eq!(x.len(), out.len());
-    assert!(dim > 0 && x.len() % dim == 0, "rms_norm: len {} not a multiple of {dim}", x.len());
+    assert!(
+        dim > 0 && x.len() % dim == 0,
+        "rms_norm: len {} not a multiple of {dim}",
+        x.len()
+    );
     for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
         let ss: f64 = xr.iter().map(|&v| (v as f64) * (v as f64)).sum();
         let inv = 1.0 / ((ss / dim as f64) as f32 + eps).sqrt();

@@ -117,7 +117,11 @@ impl GgmlType {
     pub fn row_bytes(self, elements: usize) -> Result<usize, QuantError> {
         let (be, bb) = self.block();
         if elements % be != 0 {
-            return Err(QuantError::Misaligned { ty: self, elements, block: be });
+            return Err(QuantError::Misaligned {
+                ty: self,
+                elements,
+                block: be,
+            });
         }
         Ok(elements / be * bb)
     }
@@ -125,7 +129,10 @@ impl GgmlType {
     /// Whether `dequantize` handles this type.
     pub fn can_dequantize(self) -> bool {
         use GgmlType::*;
-        matches!(self, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K)
+        matches!(
+            self,
+            F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K
+        )
     }
 }
 
@@ -141,7 +148,12 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(), Quan
     }
     let need = ty.row_bytes(out.len())?;
     if data.len() < need {
-        return Err(QuantError::ShortData { ty, elements: out.len(), need, got: data.len() });
+        return Err(QuantError::ShortData {
+            ty,
+            elements: out.len(),
+            need,
+            got: data.len(),
+        });
     }
     dequantize_row(ty, &data[..need], out);
     Ok(())

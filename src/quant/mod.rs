@@ -18,7 +18,16 @@ pub enum QuantError {
     #[error("GGML type {0:?} is not supported (supported: {1})")]
     Unsupported(GgmlType, &'static str),
     #[error("{ty:?}: {elements} elements is not a multiple of the block size {block}")]
-    Misaligned { ty: GgmlType, elements: usize, block: usize },
+    Misaligned {
+        ty: GgmlType,
+        elements: usize,
+        block: usize,
+    },
     #[error("{ty:?}: need {need} bytes for {elements} elements, got {got}")]
-    ShortData { ty: GgmlType, elements: usize, need: usize, got: usize },
+    ShortData {
+        ty: GgmlType,
+        elements: usize,
+        need: usize,
+        got: usize,
+    },
 }

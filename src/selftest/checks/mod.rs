@@ -1,13 +1,13 @@
 //! The registry of per-op checks. Add one line per check (its own file in this folder).
 
 mod attn_decode;
+mod convert;
 mod gemm;
 mod gemv;
-mod convert;
 mod glu;
+mod read_bw;
 mod rmsnorm;
 mod rope;
-mod read_bw;
 mod sample;
 mod softmax;
 
