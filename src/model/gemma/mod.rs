@@ -10,4 +10,26 @@ pub mod spec;
 pub mod weights;
 
 pub use decoder::{GemmaModel, GemmaSession};
+
+use std::sync::Arc;
+
+use crate::backend::Backend;
+use crate::model::ModelError;
+use crate::weights::Checkpoint;
+
+/// Load the weights `spec` describes from `ckpt` onto `backend` and build the decoder: the one
+/// path behind every Gemma generation's loader.
+pub fn build<B: Backend>(
+    ckpt: &Checkpoint,
+    spec: GemmaSpec,
+    backend: Arc<B>,
+) -> Result<Arc<GemmaModel<B>>, ModelError> {
+    let ld = weights::Loader {
+        ckpt,
+        backend: &*backend,
+        naming: spec.naming.clone(),
+    };
+    let weights = layers::GemmaWeights::load(&ld, &spec)?;
+    Ok(Arc::new(GemmaModel::new(spec, weights, backend)))
+}
 pub use spec::{GemmaSpec, LayerSpec, MoeSpec, Naming, NormForm};

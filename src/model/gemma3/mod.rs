@@ -24,8 +24,8 @@ use crate::model::gemma::config::{self, bad, GgufMeta};
 use crate::model::gemma::spec::{
     context_limit, embed_scale, GemmaSpec, LayerSpec, Naming, NormForm,
 };
-use crate::model::gemma::weights::{global_name, me, Loader};
-use crate::model::gemma::{decoder::GemmaModel, layers::GemmaWeights};
+use crate::model::gemma::weights::{global_name, me};
+use crate::model::gemma::{build, decoder::GemmaModel};
 use crate::model::registry::LoadOptions;
 use crate::model::{CausalLm, ModelError};
 use crate::weights::Checkpoint;
@@ -49,14 +49,7 @@ pub fn load_model<B: Backend>(
     backend: Arc<B>,
     opts: &LoadOptions,
 ) -> Result<Arc<GemmaModel<B>>, ModelError> {
-    let spec = spec(ckpt, det, opts.max_context)?;
-    let ld = Loader {
-        ckpt,
-        backend: &*backend,
-        naming: spec.naming.clone(),
-    };
-    let weights = GemmaWeights::load(&ld, &spec)?;
-    Ok(Arc::new(GemmaModel::new(spec, weights, backend)))
+    build(ckpt, spec(ckpt, det, opts.max_context)?, backend)
 }
 
 /// Resolve the decoder spec from the checkpoint's metadata.
