@@ -105,6 +105,14 @@ pub trait Backend: Send + Sync + 'static {
 
     fn name(&self) -> &'static str;
 
+    /// Called by a model at the start of every forward pass with its tokens and the position of
+    /// the first. A GPU backend uploads them once here so that `embed`, `rope`, `kv_write` and
+    /// `attention` of this pass read ids and positions from device memory (what lets a decode
+    /// step be replayed as a CUDA graph at any position). Default: nothing.
+    fn begin_forward(&self, _ids: &[u32], _pos0: usize) -> Result<()> {
+        Ok(())
+    }
+
     // ---- data movement ----
     fn upload(&self, w: &crate::weights::TensorRef<'_>) -> Result<Self::Weight>;
     fn tensor(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;

@@ -1,22 +1,31 @@
 //! CUDA runtime: driver probe, device context, module loading from PTX (through the on-disk
-//! cache of `codegen::ptx`), and typed launch helpers for the generated kernels.
+//! cache of `codegen::ptx`), typed launch helpers for the generated kernels, and the
+//! [`CudaBackend`] that runs the models.
 //!
 //! cudarc loads libcuda lazily and panics when it is missing, so everything here goes through
 //! [`cuda_available`] first, which probes the driver with a plain `dlopen` and never touches
 //! cudarc when the driver is absent.
 
+mod backend;
+pub mod buf;
 mod device;
 mod error;
+pub mod kv;
 mod launch;
 mod launch_decode;
 mod launch_linear;
+pub mod moe;
 mod probe;
+pub mod types;
 
+pub use backend::CudaBackend;
+pub use buf::{DevBuf, DevPtr, Pool, PoolStats};
 pub use device::CudaDevice;
 pub use error::CudaError;
 pub use launch::{GluShape, RopeLaunch};
 pub use launch_decode::{AttnDecodeLaunch, AttnScratch};
 pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
 pub use probe::cuda_available;
+pub use types::{GpuKvCache, GpuTensor, GpuWeight, KvType, WeightView};
 
 pub use cudarc::driver::{CudaSlice, CudaView};

@@ -251,6 +251,7 @@ impl<B: Backend> GemmaModel<B> {
         caches: &mut [Option<B::KvCache>],
     ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
+        be.begin_forward(ids, pos0).map_err(me)?;
         let mut x = be
             .embed(&self.weights.embed, ids, self.spec.embed_scale)
             .map_err(me)?;

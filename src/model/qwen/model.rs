@@ -361,6 +361,7 @@ impl<B: Backend> QwenSession<B> {
         let states = self.states.as_mut().expect("created above");
         let pos0 = self.len;
         let n = tokens.len();
+        bk!(be.begin_forward(tokens, pos0))?;
         let mut h = bk!(be.embed(&m.embed, tokens, 1.0))?;
         for (layer, st) in m.layers.iter().zip(states.iter_mut()) {
             let x = layer.attn_norm.apply(be, &h)?;

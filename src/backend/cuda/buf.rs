@@ -1,0 +1,439 @@
+//! Device memory of the CUDA backend: typed raw device pointers (what kernels take), owned
+//! buffers, and a caching pool.
+//!
+//! Every forward pass allocates its activations from [`Pool`]; once warm, the pool hands back
+//! buffers it already holds and calls the driver for nothing. That keeps a decode step cheap and
+//! lets a captured CUDA graph bake the addresses of its intermediate buffers: the whole backend
+//! runs on one stream, so a buffer returned to the pool and handed out again is only touched in
+//! stream order, and a replayed graph rewrites every intermediate before reading it.
+//!
+//! Weights, KV caches and other long-lived state use [`Pool::alloc_persistent`]: not cached, freed
+//! to the driver on drop.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{result, sys, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+
+use super::error::{drv, CudaError};
+
+/// A typed device pointer with the number of `T` it may address. Plain data: it does not own the
+/// memory, and kernels launched with it are `unsafe` for that reason. `len` is what launch helpers
+/// validate against.
+pub struct DevPtr<T> {
+    ptr: u64,
+    len: usize,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for DevPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DevPtr<T> {}
+
+impl<T> std::fmt::Debug for DevPtr<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevPtr({:#x}, {} x {})", self.ptr, self.len, std::any::type_name::<T>())
+    }
+}
+
+impl<T> DevPtr<T> {
+    /// # Safety
+    /// `ptr` must address `len` values of `T` in device memory for as long as the pointer is used.
+    pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
+        DevPtr {
+            ptr,
+            len,
+            _t: PhantomData,
+        }
+    }
+
+    /// A null pointer of length 0 (for optional kernel arguments).
+    pub fn null() -> Self {
+        DevPtr {
+            ptr: 0,
+            len: 0,
+            _t: PhantomData,
+        }
+    }
+
+    /// The address (what a kernel parameter `T*` receives).
+    pub fn raw(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// `len` values starting at `start`, or None when out of range.
+    pub fn slice(&self, start: usize, len: usize) -> Option<DevPtr<T>> {
+        let end = start.checked_add(len)?;
+        (end <= self.len).then(|| DevPtr {
+            ptr: self.ptr + (start * std::mem::size_of::<T>()) as u64,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// The same bytes seen as `U` (the length rounds down to whole `U`).
+    pub fn cast<U>(&self) -> DevPtr<U> {
+        DevPtr {
+            ptr: self.ptr,
+            len: self.bytes() / std::mem::size_of::<U>().max(1),
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T: DeviceRepr> DevPtr<T> {
+    /// The pointer of a cudarc slice (the backend disables cudarc's event tracking, so taking the
+    /// pointer records nothing).
+    pub fn of(s: &CudaSlice<T>) -> DevPtr<T> {
+        let (ptr, _sync) = s.device_ptr(s.stream());
+        DevPtr {
+            ptr,
+            len: s.len(),
+            _t: PhantomData,
+        }
+    }
+}
+
+/// Usage counters of a [`Pool`], in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Pooled buffers handed out now.
+    pub in_use: usize,
+    /// Pooled buffers held for reuse.
+    pub cached: usize,
+    /// Highest `in_use + cached + persistent` seen.
+    pub peak: usize,
+    /// Live persistent buffers (weights, caches).
+    pub persistent: usize,
+}
+
+#[derive(Default)]
+struct PoolInner {
+    free: HashMap<usize, Vec<u64>>,
+    stats: PoolStats,
+}
+
+impl PoolInner {
+    fn bump_peak(&mut self) {
+        let s = &mut self.stats;
+        s.peak = s.peak.max(s.in_use + s.cached + s.persistent);
+    }
+}
+
+/// A caching device allocator bound to one stream (see the module docs).
+pub struct Pool {
+    stream: Arc<CudaStream>,
+    inner: Mutex<PoolInner>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("stats", &self.stats()).finish()
+    }
+}
+
+/// Size class of a pooled request: small sizes round to a power of two (at least 256 bytes),
+/// large ones to a multiple of 2 MiB, so repeated shapes land in the same class.
+fn size_class(bytes: usize) -> usize {
+    const MIB: usize = 1 << 20;
+    let b = bytes.max(256);
+    if b < MIB {
+        b.next_power_of_two()
+    } else {
+        b.div_ceil(2 * MIB) * 2 * MIB
+    }
+}
+
+fn oom(bytes: usize) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError {
+    drv(format!("allocating {bytes} bytes of device memory"))
+}
+
+impl Pool {
+    pub fn new(stream: Arc<CudaStream>) -> Arc<Pool> {
+        Arc::new(Pool {
+            stream,
+            inner: Mutex::new(PoolInner::default()),
+        })
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolInner> {
+        // a panic while holding the lock leaves only counters behind: keep going
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A pooled buffer of at least `bytes` bytes (contents undefined).
+    pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DevBuf, CudaError> {
+        let class = size_class(bytes);
+        let reused = {
+            let mut g = self.lock();
+            let p = g.free.get_mut(&class).and_then(|v| v.pop());
+            if p.is_some() {
+                g.stats.cached -= class;
+                g.stats.in_use += class;
+            }
+            p
+        };
+        let ptr = match reused {
+            Some(p) => p,
+            None => {
+                // SAFETY: plain allocation; freed by `trim` or never (pooled buffers live as long
+                // as the pool's owner keeps the context).
+                let p = unsafe { result::malloc_sync(class) }.map_err(oom(class))?;
+                let mut g = self.lock();
+                g.stats.in_use += class;
+                g.bump_peak();
+                p
+            }
+        };
+        Ok(DevBuf {
+            ptr,
+            bytes,
+            class,
+            pooled: true,
+            pool: self.clone(),
+        })
+    }
+
+    /// A long-lived buffer of exactly `bytes` bytes, freed to the driver on drop.
+    pub fn alloc_persistent(self: &Arc<Self>, bytes: usize) -> Result<DevBuf, CudaError> {
+        let b = bytes.max(1);
+        // SAFETY: plain allocation, freed in DevBuf::drop.
+        let ptr = unsafe { result::malloc_sync(b) }.map_err(oom(b))?;
+        let mut g = self.lock();
+        g.stats.persistent += b;
+        g.bump_peak();
+        Ok(DevBuf {
+            ptr,
+            bytes,
+            class: b,
+            pooled: false,
+            pool: self.clone(),
+        })
+    }
+
+    /// A persistent buffer holding a copy of `data`.
+    pub fn upload_persistent<T: DeviceRepr>(self: &Arc<Self>, data: &[T]) -> Result<DevBuf, CudaError> {
+        let buf = self.alloc_persistent(std::mem::size_of_val(data))?;
+        buf.write(data)?;
+        Ok(buf)
+    }
+
+    /// A pooled buffer holding a copy of `data` (not allowed during graph capture).
+    pub fn upload<T: DeviceRepr>(self: &Arc<Self>, data: &[T]) -> Result<DevBuf, CudaError> {
+        let buf = self.alloc(std::mem::size_of_val(data))?;
+        buf.write(data)?;
+        Ok(buf)
+    }
+
+    /// Free every cached buffer back to the driver. Invalidates any captured CUDA graph whose
+    /// intermediates came from the pool: drop those graphs first.
+    pub fn trim(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(drv("synchronising before trim"))?;
+        let mut g = self.lock();
+        for (class, ptrs) in g.free.drain() {
+            for p in ptrs {
+                // SAFETY: cached buffers are owned by the pool and unused (stream synchronised).
+                unsafe { result::free_sync(p) }.map_err(drv("freeing cached device memory"))?;
+                let _ = class;
+            }
+        }
+        g.stats.cached = 0;
+        Ok(())
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        self.lock().stats
+    }
+
+    fn release(&self, class: usize, ptr: u64, pooled: bool) {
+        let mut g = self.lock();
+        if pooled {
+            g.stats.in_use -= class;
+            g.stats.cached += class;
+            g.free.entry(class).or_default().push(ptr);
+        } else {
+            g.stats.persistent -= class;
+            drop(g);
+            // Work queued on the stream may still use the buffer: wait for it first.
+            let _ = self.stream.synchronize();
+            // SAFETY: a persistent buffer is owned by exactly one DevBuf, dropped now.
+            let _ = unsafe { result::free_sync(ptr) };
+        }
+    }
+}
+
+/// An owned device buffer (pooled or persistent). Dropping it returns it to the pool (pooled) or
+/// frees it (persistent). Stream order makes reuse safe: see the module docs.
+pub struct DevBuf {
+    ptr: u64,
+    /// Bytes requested (the allocation may be larger).
+    bytes: usize,
+    class: usize,
+    pooled: bool,
+    pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for DevBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevBuf({:#x}, {} bytes)", self.ptr, self.bytes)
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        self.pool.release(self.class, self.ptr, self.pooled);
+    }
+}
+
+impl DevBuf {
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The buffer as `T` values (the length rounds down).
+    pub fn ptr<T>(&self) -> DevPtr<T> {
+        // SAFETY: the buffer holds `bytes` bytes while `self` lives.
+        unsafe { DevPtr::from_raw(self.ptr, self.bytes / std::mem::size_of::<T>().max(1)) }
+    }
+
+    pub fn f32(&self) -> DevPtr<f32> {
+        self.ptr()
+    }
+
+    pub fn u8(&self) -> DevPtr<u8> {
+        self.ptr()
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Copy `data` into the start of the buffer (stream-ordered; `data` is staged before return).
+    pub fn write<T: DeviceRepr>(&self, data: &[T]) -> Result<(), CudaError> {
+        let n = std::mem::size_of_val(data);
+        if n > self.bytes {
+            return Err(CudaError::Invalid {
+                op: "upload",
+                detail: format!("{n} bytes into a buffer of {}", self.bytes),
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: the destination holds `n` bytes; a pageable source is staged before the call
+        // returns, so `data` may go away afterwards.
+        unsafe { result::memcpy_htod_async(self.ptr, data, self.pool.stream.cu_stream()) }
+            .map_err(drv("host->device copy"))
+    }
+
+    /// Copy the first `len` values back to the host (synchronises the stream).
+    pub fn read<T: DeviceRepr + Default + Clone>(&self, len: usize) -> Result<Vec<T>, CudaError> {
+        read_ptr(&self.pool.stream, self.ptr::<T>(), len)
+    }
+
+    /// Set every byte to `value` (stream-ordered, capturable).
+    pub fn fill_bytes(&self, value: u8) -> Result<(), CudaError> {
+        memset(&self.pool.stream, self.u8(), value)
+    }
+}
+
+/// Copy the first `len` values at `p` back to the host (synchronises the stream).
+pub fn read_ptr<T: DeviceRepr + Default + Clone>(
+    stream: &CudaStream,
+    p: DevPtr<T>,
+    len: usize,
+) -> Result<Vec<T>, CudaError> {
+    if len > p.len() {
+        return Err(CudaError::Invalid {
+            op: "download",
+            detail: format!("{len} values from a buffer of {}", p.len()),
+        });
+    }
+    let mut out = vec![T::default(); len];
+    if len > 0 {
+        // SAFETY: `p` addresses `len` values; the stream is synchronised before `out` is used.
+        unsafe { result::memcpy_dtoh_async(&mut out, p.raw(), stream.cu_stream()) }
+            .map_err(drv("device->host copy"))?;
+    }
+    stream.synchronize().map_err(drv("stream synchronize"))?;
+    Ok(out)
+}
+
+/// Device-to-device copy of `src` into `dst` (same length), stream-ordered and capturable.
+pub fn copy<T>(stream: &CudaStream, dst: DevPtr<T>, src: DevPtr<T>) -> Result<(), CudaError> {
+    if dst.len() != src.len() {
+        return Err(CudaError::Invalid {
+            op: "copy",
+            detail: format!("{} values into {}", src.len(), dst.len()),
+        });
+    }
+    if src.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: both pointers address `bytes` bytes (their contract).
+    unsafe { result::memcpy_dtod_async(dst.raw(), src.raw(), src.bytes(), stream.cu_stream()) }
+        .map_err(drv("device->device copy"))
+}
+
+/// Set every byte of `p` to `value`.
+pub fn memset<T>(stream: &CudaStream, p: DevPtr<T>, value: u8) -> Result<(), CudaError> {
+    if p.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `p` addresses `bytes` bytes (its contract).
+    unsafe { result::memset_d8_async(p.raw(), value, p.bytes(), stream.cu_stream()) }
+        .map_err(drv("memset"))
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn f<T: Send + Sync>() {}
+    f::<DevBuf>();
+    f::<DevPtr<f32>>();
+    let _ = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_group_repeated_shapes() {
+        assert_eq!(size_class(1), 256);
+        assert_eq!(size_class(257), 512);
+        assert_eq!(size_class((1 << 20) - 1), 1 << 20);
+        assert_eq!(size_class(1 << 20), 2 << 20);
+        assert_eq!(size_class((2 << 20) + 1), 4 << 20);
+    }
+
+    #[test]
+    fn slices_and_casts_stay_in_range() {
+        let p: DevPtr<f32> = unsafe { DevPtr::from_raw(0x1000, 10) };
+        let s = p.slice(2, 8).unwrap();
+        assert_eq!((s.raw(), s.len()), (0x1008, 8));
+        assert!(p.slice(3, 8).is_none());
+        assert!(p.slice(usize::MAX, 2).is_none());
+        assert_eq!(p.cast::<u8>().len(), 40);
+        assert_eq!(p.cast::<u64>().len(), 5);
+    }
+}

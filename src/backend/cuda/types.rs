@@ -1,0 +1,159 @@
+//! The CUDA backend's tensor, weight and KV-cache types, shared by its op modules.
+
+use super::buf::{DevBuf, DevPtr};
+use super::error::CudaError;
+use crate::backend::KvShape;
+use crate::kernels::Quant;
+
+/// An activation tensor: row-major f32 `[rows, cols]` in a pooled buffer.
+#[derive(Debug)]
+pub struct GpuTensor {
+    pub buf: DevBuf,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl GpuTensor {
+    /// Exactly `rows * cols` floats.
+    pub fn ptr(&self) -> DevPtr<f32> {
+        self.buf
+            .f32()
+            .slice(0, self.rows * self.cols)
+            .expect("a GpuTensor's buffer holds rows * cols floats")
+    }
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A parameter on the device, in its checkpoint format.
+#[derive(Debug)]
+pub struct GpuWeight {
+    /// The checkpoint bytes as they are (GGUF blocks, F32/F16/BF16 elements, FP8 E4M3 bytes).
+    pub data: DevBuf,
+    pub quant: Quant,
+    /// PyTorch order: `[n]`, `[rows, cols]` or `[experts, rows, cols]`.
+    pub shape: Vec<usize>,
+    /// FP8: f32 block scales `[ceil(rows/br)][ceil(cols/bc)]` per expert (dequant multiplier).
+    pub scales: Option<DevBuf>,
+    /// FP8 scale block `(br, bc)`.
+    pub fp8_block: (usize, usize),
+    /// An f32 copy for 1-D weights (norm weights, biases): what `weight_vector` returns.
+    pub f32: Option<DevBuf>,
+}
+
+/// One matrix of a weight (the whole of a 2-D weight, or one expert of a bank).
+#[derive(Debug, Clone, Copy)]
+pub struct WeightView {
+    pub data: DevPtr<u8>,
+    pub quant: Quant,
+    pub rows: usize,
+    pub cols: usize,
+    pub scales: Option<DevPtr<f32>>,
+    pub fp8_block: (usize, usize),
+}
+
+/// Bytes of `rows x cols` elements of `q` (None when `cols` does not fill whole blocks).
+pub fn matrix_bytes(q: Quant, rows: usize, cols: usize) -> Option<usize> {
+    let (be, bb) = super::weight_block(q)?;
+    (cols % be == 0).then(|| rows * (cols / be) * bb)
+}
+
+impl GpuWeight {
+    fn bad(&self, what: &str) -> CudaError {
+        CudaError::Invalid {
+            op: "weight",
+            detail: format!("{what}: weight of shape {:?} ({})", self.shape, self.quant),
+        }
+    }
+
+    /// The weight as one `[rows, cols]` matrix (2-D weights only).
+    pub fn matrix(&self) -> Result<WeightView, CudaError> {
+        match self.shape[..] {
+            [rows, cols] => self.view(0, rows, cols, 1),
+            _ => Err(self.bad("not a matrix")),
+        }
+    }
+
+    /// Expert `e` of an `[experts, rows, cols]` bank.
+    pub fn expert(&self, e: usize) -> Result<WeightView, CudaError> {
+        match self.shape[..] {
+            [n, rows, cols] if e < n => self.view(e, rows, cols, n),
+            _ => Err(self.bad(&format!("no expert {e}"))),
+        }
+    }
+
+    fn view(&self, e: usize, rows: usize, cols: usize, n: usize) -> Result<WeightView, CudaError> {
+        let per = matrix_bytes(self.quant, rows, cols).ok_or_else(|| self.bad("partial blocks"))?;
+        let data = self
+            .data
+            .u8()
+            .slice(e * per, per)
+            .ok_or_else(|| self.bad("data shorter than its shape"))?;
+        let scales = match &self.scales {
+            None => None,
+            Some(s) => {
+                let (br, bc) = self.fp8_block;
+                let per_s = rows.div_ceil(br.max(1)) * cols.div_ceil(bc.max(1));
+                let all = s.f32();
+                if all.len() < per_s * n {
+                    return Err(self.bad("scales shorter than the block grid"));
+                }
+                all.slice(e * per_s, per_s)
+            }
+        };
+        Ok(WeightView {
+            data,
+            quant: self.quant,
+            rows,
+            cols,
+            scales,
+            fp8_block: self.fp8_block,
+        })
+    }
+}
+
+/// Element type of the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    /// FP8 E4M3 (the default): half the bytes of f16.
+    #[default]
+    Fp8E4m3,
+    F16,
+}
+
+impl KvType {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::Fp8E4m3 => 1,
+            KvType::F16 => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "fp8" | "fp8_e4m3" | "e4m3" | "f8" => Ok(KvType::Fp8E4m3),
+            "f16" | "fp16" | "half" => Ok(KvType::F16),
+            o => Err(format!("unknown KV type {o:?} (expected fp8 or f16)")),
+        }
+    }
+}
+
+/// One attention layer's KV cache for one sequence (layout owned by `kv.rs`).
+#[derive(Debug)]
+pub struct GpuKvCache {
+    pub shape: KvShape,
+    pub kv_type: KvType,
+    pub k: DevBuf,
+    pub v: DevBuf,
+    /// Positions written so far (all of `0..len` valid).
+    pub len: usize,
+    /// Layout-specific extras (page table, scales), owned by `kv.rs`.
+    pub extra: Option<DevBuf>,
+}
