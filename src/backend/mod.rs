@@ -94,6 +94,15 @@ pub struct MoeParams {
     pub act: Activation,
 }
 
+/// A recorded forward pass (a CUDA graph on the CUDA backend), opaque to the models that keep it.
+pub struct RecordedStep(pub Box<dyn std::any::Any + Send>);
+
+impl std::fmt::Debug for RecordedStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecordedStep")
+    }
+}
+
 /// A backend: storage for tensors and weights, and the ops the models need.
 pub trait Backend: Send + Sync + 'static {
     /// An activation tensor `[rows, cols]` (f32 semantics).
@@ -111,6 +120,32 @@ pub trait Backend: Send + Sync + 'static {
     /// step be replayed as a CUDA graph at any position). Default: nothing.
     fn begin_forward(&self, _ids: &[u32], _pos0: usize) -> Result<()> {
         Ok(())
+    }
+
+    // ---- recorded decode steps (CUDA graphs) ----
+    /// Start recording the ops of one forward pass instead of running them (a decode step:
+    /// `begin_forward` was called just before with the step's token and position). Returns
+    /// `false` when this backend does not record (the default): run the ops normally.
+    fn record_begin(&self) -> Result<bool> {
+        Ok(false)
+    }
+    /// Stop recording; the returned step replays every recorded op with the token and position
+    /// given to `begin_forward` before each replay. Tensors produced while recording keep their
+    /// storage and receive each replay's results.
+    fn record_end(&self) -> Result<RecordedStep> {
+        Err(BackendError::Unsupported {
+            op: "record_end",
+            backend: self.name(),
+            detail: "this backend does not record steps".into(),
+        })
+    }
+    /// Run a recorded step (after `begin_forward` with its token and position).
+    fn replay(&self, _step: &RecordedStep) -> Result<()> {
+        Err(BackendError::Unsupported {
+            op: "replay",
+            backend: self.name(),
+            detail: "this backend does not record steps".into(),
+        })
     }
 
     // ---- data movement ----

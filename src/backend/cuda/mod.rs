@@ -10,6 +10,7 @@ mod backend;
 pub mod buf;
 mod device;
 mod error;
+pub mod graph;
 pub mod kv;
 mod launch;
 mod launch_decode;
