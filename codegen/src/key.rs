@@ -70,6 +70,10 @@ key_enum! {
         Gemv => "gemv",
         Gemm => "gemm",
         AttnDecode => "attn_decode",
+        /// Causal attention of many query rows over the paged KV cache (prefill).
+        AttnPrefill => "attn_prefill",
+        /// Store f32 K/V rows into the paged KV cache (converted to the cache type).
+        KvWrite => "kv_write",
         Sample => "sample",
         /// Benchmark helper: reads a buffer once (read-bandwidth reference for the GEMV bench).
         ReadBw => "read_bw",

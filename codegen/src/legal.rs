@@ -93,6 +93,19 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             }
             Ok(())
         }
+        Op::AttnPrefill => {
+            quant_in(key, &[Quant::Fp8E4m3, Quant::F16])?;
+            any_bs(key)?;
+            if key.head_dim == HeadDim::Any {
+                return Err("attn_prefill is specialised per head_dim (64/128/256/512)".into());
+            }
+            Ok(())
+        }
+        Op::KvWrite => {
+            quant_in(key, &[Quant::Fp8E4m3, Quant::F16])?;
+            any_hd(key)?;
+            any_bs(key)
+        }
     }
 }
 
@@ -137,5 +150,27 @@ mod tests {
             ..a
         })
         .is_ok());
+        let pf = KernelKey {
+            op: Op::AttnPrefill,
+            quant: Quant::F16,
+            ..k
+        };
+        assert!(check_legal(&pf).unwrap_err().contains("head_dim"));
+        assert!(check_legal(&KernelKey {
+            head_dim: HeadDim::D512,
+            ..pf
+        })
+        .is_ok());
+        let kw = KernelKey {
+            op: Op::KvWrite,
+            quant: Quant::Fp8E4m3,
+            ..k
+        };
+        assert!(check_legal(&kw).is_ok());
+        assert!(check_legal(&KernelKey {
+            quant: Quant::Bf16,
+            ..kw
+        })
+        .is_err());
     }
 }

@@ -1,10 +1,12 @@
 //! The registry of per-op checks. Add one line per check (its own file in this folder).
 
 mod attn_decode;
+mod attn_prefill;
 mod convert;
 mod gemm;
 mod gemv;
 mod glu;
+mod kv_write;
 mod read_bw;
 mod rmsnorm;
 mod rope;
@@ -25,6 +27,8 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &gemv::GemvCheck,
         &gemm::GemmCheck,
         &attn_decode::AttnDecodeCheck,
+        &attn_prefill::AttnPrefillCheck,
+        &kv_write::KvWriteCheck,
         &sample::SampleCheck,
         &read_bw::ReadBwCheck,
         &convert::ConvertCheck,
