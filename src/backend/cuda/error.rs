@@ -36,3 +36,14 @@ pub(crate) fn drv(
     let context = context.into();
     move |source| CudaError::Driver { context, source }
 }
+
+impl From<CudaError> for crate::backend::BackendError {
+    /// Launch validation errors are shape errors of the op; everything else (driver, kernel
+    /// lookup, PTX) is a device error.
+    fn from(e: CudaError) -> Self {
+        match e {
+            CudaError::Invalid { op, detail } => crate::backend::BackendError::Shape { op, detail },
+            other => crate::backend::BackendError::Device(format!("CUDA: {other}")),
+        }
+    }
+}
