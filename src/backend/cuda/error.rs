@@ -47,3 +47,24 @@ impl From<CudaError> for crate::backend::BackendError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::CudaError;
+    use crate::backend::BackendError;
+
+    #[test]
+    fn errors_map_to_backend_errors() {
+        let e: BackendError = CudaError::Invalid {
+            op: "gemv",
+            detail: "n=0".into(),
+        }
+        .into();
+        assert!(matches!(e, BackendError::Shape { op: "gemv", .. }), "{e}");
+        let e: BackendError = CudaError::NoDevice.into();
+        assert!(
+            matches!(&e, BackendError::Device(m) if m.contains("no CUDA driver")),
+            "{e}"
+        );
+    }
+}

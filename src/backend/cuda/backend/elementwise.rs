@@ -16,6 +16,26 @@ fn shape(op: &'static str, detail: String) -> BackendError {
     BackendError::Shape { op, detail }
 }
 
+/// (row, column) strides of `b` `[rows, cols]` read against `a`: the same shape, `[1, cols]`
+/// when `row_bcast` (broadcast over rows), `[rows, 1]` when `col_bcast` (one value per row);
+/// None when the shapes do not fit.
+pub(crate) fn broadcast_strides(
+    a: (usize, usize),
+    b: (usize, usize),
+    row_bcast: bool,
+    col_bcast: bool,
+) -> Option<(usize, usize)> {
+    if b == a {
+        Some((a.1, 1))
+    } else if row_bcast && b.0 == 1 && b.1 == a.1 {
+        Some((0, 1))
+    } else if col_bcast && b.1 == 1 && b.0 == a.0 {
+        Some((1, 0))
+    } else {
+        None
+    }
+}
+
 impl CudaBackend {
     /// A pooled `[rows, cols]` tensor (contents undefined).
     pub(super) fn alloc_tensor(&self, rows: usize, cols: usize) -> Result<GpuTensor> {
@@ -40,8 +60,7 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// `b` as a broadcast operand of `a`: same shape, `[1, cols]` (`row_bcast`) or `[rows, 1]`
-    /// (`col_bcast`).
+    /// `b` as a broadcast operand of `a` (see [`broadcast_strides`]).
     fn broadcast(
         op: &'static str,
         a: &GpuTensor,
@@ -49,18 +68,13 @@ impl CudaBackend {
         row_bcast: bool,
         col_bcast: bool,
     ) -> Result<Broadcast> {
-        let (rs, cs) = if b.rows == a.rows && b.cols == a.cols {
-            (a.cols, 1)
-        } else if row_bcast && b.rows == 1 && b.cols == a.cols {
-            (0, 1)
-        } else if col_bcast && b.cols == 1 && b.rows == a.rows {
-            (1, 0)
-        } else {
-            return Err(shape(
-                op,
-                format!("[{}, {}] vs [{}, {}]", a.rows, a.cols, b.rows, b.cols),
-            ));
-        };
+        let (rs, cs) = broadcast_strides((a.rows, a.cols), (b.rows, b.cols), row_bcast, col_bcast)
+            .ok_or_else(|| {
+                shape(
+                    op,
+                    format!("[{}, {}] vs [{}, {}]", a.rows, a.cols, b.rows, b.cols),
+                )
+            })?;
         Ok(Broadcast {
             ptr: b.ptr(),
             row_stride: rs,
@@ -364,5 +378,26 @@ impl CudaBackend {
         self.dev
             .embed_ptr(&k, v.data, v.rows, v.cols, idp.ptr, y.ptr(), scale)?;
         Ok(y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::broadcast_strides;
+
+    #[test]
+    fn broadcast_shapes() {
+        assert_eq!(
+            broadcast_strides((3, 8), (3, 8), false, false),
+            Some((8, 1))
+        );
+        assert_eq!(broadcast_strides((3, 8), (1, 8), false, false), None);
+        assert_eq!(broadcast_strides((3, 8), (1, 8), true, false), Some((0, 1)));
+        assert_eq!(broadcast_strides((3, 8), (3, 1), true, false), None);
+        assert_eq!(broadcast_strides((3, 8), (3, 1), false, true), Some((1, 0)));
+        assert_eq!(broadcast_strides((3, 8), (2, 1), false, true), None);
+        assert_eq!(broadcast_strides((3, 8), (3, 7), true, true), None);
+        // a [1, 1] gate against a [1, cols] input is one value per row
+        assert_eq!(broadcast_strides((1, 8), (1, 1), false, true), Some((1, 0)));
     }
 }
