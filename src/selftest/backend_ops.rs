@@ -10,7 +10,8 @@
 //!   float formats vs `CpuBackend::new()`: 1e-4;
 //! - linear, n > 8, GEMM formats (bf16 activations, weights as bf16 tiles) vs the f32 reference:
 //!   3e-2 (bf16 rounding of both operands, ~2^-9 per product; an indexing bug gives O(1));
-//!   F32/F16 (GEMV in chunks of 8): 1e-4.
+//!   F32/F16 (GEMV in chunks of 8): 1e-4;
+//! - linear of a Q5_K weight (no kernels: stored as F16 at upload) vs the f32 reference: 4e-3.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -182,8 +183,8 @@ fn linear_cases(cx: &mut Ctx) {
             } else if int8 {
                 1e-3
             } else if stored_f16 {
-                // f16 rounding of the dequantised weights
-                2e-3
+                // f16 rounding of the dequantised weights (2^-11 each, ~3e-4 rms on the output)
+                4e-3
             } else {
                 1e-4
             };
