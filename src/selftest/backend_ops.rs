@@ -501,3 +501,37 @@ pub fn format_rows(rows: &[OpRow]) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_format_like_the_kernel_table() {
+        let rows = [
+            OpRow {
+                name: "linear q4_0 n=3 (512x1024)".into(),
+                max_rel_err: Some(2.5e-6),
+                bound: 1e-3,
+                pass: true,
+                note: String::new(),
+            },
+            OpRow {
+                name: "embed q6_k (step ids)".into(),
+                max_rel_err: None,
+                bound: 0.0,
+                pass: false,
+                note: "error: x".into(),
+            },
+        ];
+        let t = format_rows(&rows);
+        assert!(t.contains("linear q4_0 n=3") && t.contains("2.500e-6") && t.contains("PASS"));
+        assert!(t.contains("FAIL") && t.contains("error: x"), "{t}");
+        // every weight type of the linear rows has a CPU path (Q5_K is the stored-as-F16 one)
+        let mut rng = StdRng::seed_from_u64(1);
+        for ty in LINEAR_TYPES {
+            let w = weights_of(ty, 2, 256, &mut rng).unwrap();
+            assert_eq!(w.len(), 2 * ty.row_bytes(256).unwrap(), "{ty:?}");
+        }
+    }
+}
