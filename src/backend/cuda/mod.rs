@@ -16,6 +16,7 @@ mod launch;
 pub mod launch_attn;
 mod launch_decode;
 mod launch_linear;
+mod launch_ptr;
 pub mod moe;
 mod probe;
 pub mod types;
@@ -28,6 +29,7 @@ pub use launch::{GluShape, RopeLaunch};
 pub use launch_attn::{AttnPrefillLaunch, KvLayout};
 pub use launch_decode::{AttnDecodeLaunch, AttnScratch};
 pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
+pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, NormWeightPtr};
 pub use probe::cuda_available;
 pub use types::{GpuKvCache, GpuTensor, GpuWeight, KvType, WeightView};
 

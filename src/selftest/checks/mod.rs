@@ -2,11 +2,15 @@
 
 mod attn_decode;
 mod attn_prefill;
+mod cast_bf16;
 mod convert;
+mod embed;
+mod ewise;
 mod gemm;
 mod gemv;
 mod glu;
 mod kv_write;
+mod l2_norm;
 mod read_bw;
 mod rmsnorm;
 mod rope;
@@ -32,6 +36,10 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &sample::SampleCheck,
         &read_bw::ReadBwCheck,
         &convert::ConvertCheck,
+        &embed::EmbedCheck,
+        &ewise::EwiseCheck,
+        &l2_norm::L2NormCheck,
+        &cast_bf16::CastBf16Check,
     ]
 }
 
