@@ -158,6 +158,8 @@ pub trait Backend: Send + Sync + 'static {
             detail: "this backend does not record steps".into(),
         })
     }
+    /// Abandon a recording that failed half-way (the ops recorded so far are discarded).
+    fn record_abort(&self) {}
     /// Run a recorded step (after `begin_forward` with its token and position).
     fn replay(&self, _step: &RecordedStep) -> Result<()> {
         Err(BackendError::Unsupported {
