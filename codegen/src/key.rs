@@ -75,6 +75,12 @@ key_enum! {
         ReadBw => "read_bw",
         /// Test kernel: the DSL's float conversions over all codes (selftest only).
         Convert => "convert",
+        /// MoE router: softmax over experts, top-k, optional renormalisation, per token.
+        MoeRoute => "moe_route",
+        /// Grouped expert GEMV: per (token, slot) pair, the expert read from device memory.
+        MoeGemv => "moe_gemv",
+        /// MoE output: weighted sum of the slots' expert outputs per token.
+        MoeCombine => "moe_combine",
     }
 }
 

@@ -18,6 +18,18 @@ const WEIGHT_FORMATS: &[Quant] = &[
     Quant::NvFp4,
 ];
 
+/// GGUF formats the dp4a / float GEMV paths read (no FP8 / FP4 expert banks in GGUF files).
+const GGUF_FORMATS: &[Quant] = &[
+    Quant::F32,
+    Quant::F16,
+    Quant::Bf16,
+    Quant::Q8_0,
+    Quant::Q4_0,
+    Quant::Q5_0,
+    Quant::Q4K,
+    Quant::Q6K,
+];
+
 /// `Ok(())` if `key` is a legal instance, else why not.
 pub fn check_legal(key: &KernelKey) -> Result<(), String> {
     let any_hd = |k: &KernelKey| {
@@ -62,7 +74,7 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             any_hd(key)?;
             any_bs(key)
         }
-        Op::Sample | Op::Convert => {
+        Op::Sample | Op::Convert | Op::MoeRoute | Op::MoeCombine => {
             quant_in(key, &[Quant::F32])?;
             any_hd(key)?;
             any_bs(key)
@@ -74,6 +86,13 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
                 Some(n) if n <= 16 => Ok(()),
                 _ => Err("gemv needs a batch bucket of 1..16 rows (gemm covers larger)".into()),
             }
+        }
+        Op::MoeGemv => {
+            // the pair count (tokens x top-k) is a run-time value; float formats dot f32
+            // activations, block formats int8 ones, as the dense gemv
+            quant_in(key, GGUF_FORMATS)?;
+            any_hd(key)?;
+            any_bs(key)
         }
         Op::Gemm => {
             quant_in(key, WEIGHT_FORMATS)?;
