@@ -5,6 +5,7 @@ mod convert;
 mod gemm;
 mod gemv;
 mod glu;
+mod moe;
 mod read_bw;
 mod rmsnorm;
 mod rope;
@@ -28,6 +29,9 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &sample::SampleCheck,
         &read_bw::ReadBwCheck,
         &convert::ConvertCheck,
+        &moe::MoeRouteCheck,
+        &moe::MoeGemvCheck,
+        &moe::MoeCombineCheck,
     ]
 }
 
