@@ -73,6 +73,18 @@ pub fn check_route(
     Ok(())
 }
 
+/// Validate an `__order` launch: `ids`, `perm` `[pairs]`, `e` experts.
+pub fn check_order(pairs: usize, e: usize, ids: usize, perm: usize) -> Result<(), CudaError> {
+    if e == 0 || e > MOE_MAX_EXPERTS || ids < pairs || perm < pairs {
+        return Err(invalid(
+            "moe_order",
+            format!("{pairs} pairs, {e} experts: ids {ids} / perm {perm}"),
+        ));
+    }
+    int("moe_order", "pairs", pairs)?;
+    Ok(())
+}
+
 /// One grouped expert GEMV launch (see `kernel-templates/ops/moe_gemv.cu.tera`).
 #[derive(Debug, Clone, Copy)]
 pub struct MoeGemvArgs<'a> {
@@ -83,6 +95,9 @@ pub struct MoeGemvArgs<'a> {
     pub n_experts: usize,
     /// Expert id per pair (`pairs` values).
     pub ids: DevPtr<i32>,
+    /// Launch order of the pairs (`pairs` values, a permutation from [`CudaDevice::moe_order`]),
+    /// or null for `0..pairs`. Results do not depend on it; L2 reuse of the weights does.
+    pub perm: DevPtr<i32>,
     pub pairs: usize,
     /// Float formats: f32 activations, rows of `k`.
     pub x: DevPtr<f32>,
@@ -153,13 +168,14 @@ pub fn check_moe_gemv(q: Quant, a: &MoeGemvArgs<'_>) -> Result<usize, CudaError>
     } else {
         a.x.len() >= vals && a.x.raw() % 16 == 0
     };
-    if !ok || a.ids.len() < a.pairs {
+    if !ok || a.ids.len() < a.pairs || (a.perm.raw() != 0 && a.perm.len() < a.pairs) {
         return Err(invalid(
             OP,
             format!(
-                "activations for {rows} rows of {} / ids {} for {} pairs (aligned to 16 bytes)",
+                "activations for {rows} rows of {} / ids {} / perm {} for {} pairs (aligned to 16 bytes)",
                 a.k,
                 a.ids.len(),
+                a.perm.len(),
                 a.pairs
             ),
         ));
@@ -254,7 +270,8 @@ impl CudaDevice {
         let (w0, y0) = a.mats[0];
         let (w1, y1) = *a.mats.last().unwrap_or(&a.mats[0]);
         let (w0, w1, y0, y1) = (w0.raw(), w1.raw(), y0.raw(), y1.raw());
-        let (ids, x, xq, xds) = (a.ids.raw(), a.x.raw(), a.xq.raw(), a.xds.raw());
+        let (ids, perm) = (a.ids.raw(), a.perm.raw());
+        let (x, xq, xds) = (a.x.raw(), a.xq.raw(), a.xds.raw());
         let (ne, n, k, xdiv) = (
             a.n_experts as i32,
             a.n as i32,
@@ -279,6 +296,7 @@ impl CudaDevice {
                 .arg(&eb)
                 .arg(&ne)
                 .arg(&ids)
+                .arg(&perm)
                 .arg(&x)
                 .arg(&xq)
                 .arg(&xds)
@@ -290,14 +308,47 @@ impl CudaDevice {
                 .arg(&pair0)
                 .arg(&xdiv);
             // SAFETY: matches (const u8* w0, const u8* w1, long long expert_bytes, int n_experts,
-            // const int* ids, const float* x, const i8* xq, const float2* xds, float* y0,
+            // const int* ids, const int* perm, const float* x, const i8* xq, const float2* xds, float* y0,
             // float* y1, long long ldy, int n, int k, int pair0, int x_div), 128 threads,
             // gridDim.z = number of matrices; banks, outputs, ids and activations were checked
-            // to hold what pairs pair0..pair0+cnt read and write; expert ids out of range are
-            // caught by the kernel.
+            // to hold what pairs pair0..pair0+cnt read and write (perm, when given, holds a
+            // permutation of 0..pairs by its contract); expert ids out of range are caught by
+            // the kernel.
             unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
             p0 += cnt;
         }
+        Ok(())
+    }
+
+    /// `perm` = the pairs `0..pairs` ordered by their expert in `ids` (the `__order` kernel of
+    /// the `moe_route` instance `spec`), for [`MoeGemvArgs::perm`].
+    pub fn moe_order(
+        &self,
+        spec: &'static KernelSpec,
+        ids: DevPtr<i32>,
+        perm: DevPtr<i32>,
+        pairs: usize,
+        e: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "moe_order";
+        expect_op(spec, &[Op::MoeRoute], OP)?;
+        check_order(pairs, e, ids.len(), perm.len())?;
+        if pairs == 0 {
+            return Ok(());
+        }
+        let (pi, ei) = (int(OP, "pairs", pairs)?, e as i32);
+        let (ip, pp) = (ids.raw(), perm.raw());
+        let f = self.function_suffixed(spec, "order")?;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&ip).arg(&pp).arg(&pi).arg(&ei);
+        // SAFETY: matches (const int* ids, int* perm, int pairs, int E), one block of 1024
+        // threads; ids and perm hold `pairs` values, E <= MOE_MAX_EXPERTS (checked).
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}__order", spec.name)))?;
         Ok(())
     }
 
@@ -477,6 +528,7 @@ mod tests {
             mats: &mats,
             n_experts: e,
             ids: p(0x200000, pairs),
+            perm: DevPtr::null(),
             pairs,
             x: DevPtr::null(),
             xq: p(0x300000, 3 * k),
@@ -487,6 +539,16 @@ mod tests {
             ldy: 2 * n,
         };
         assert_eq!(check_moe_gemv(Quant::Q4K, &ok).unwrap(), eb);
+        let with_perm = MoeGemvArgs {
+            perm: p(0x600000, pairs),
+            ..ok
+        };
+        assert!(check_moe_gemv(Quant::Q4K, &with_perm).is_ok());
+        let short_perm = MoeGemvArgs {
+            perm: p(0x600000, pairs - 1),
+            ..ok
+        };
+        assert!(check_moe_gemv(Quant::Q4K, &short_perm).is_err());
         // activations for 3 tokens are needed (pairs 0..6 / top_k 2)
         let short = MoeGemvArgs {
             xq: p(0x300000, 2 * k),
@@ -549,6 +611,16 @@ mod tests {
             }
         )
         .is_err());
+    }
+
+    #[test]
+    fn order_validation() {
+        assert!(check_order(32, 128, 32, 32).is_ok());
+        assert!(check_order(0, 128, 0, 0).is_ok());
+        assert!(check_order(32, 128, 31, 32).is_err());
+        assert!(check_order(32, 128, 32, 31).is_err());
+        assert!(check_order(32, 257, 32, 32).is_err());
+        assert!(check_order(32, 0, 32, 32).is_err());
     }
 
     #[test]

@@ -11,10 +11,13 @@
 //! 4. `quantize_q8` of h and `moe_gemv` over the down bank into `d` `[n*k, out]`;
 //! 5. `moe_combine`: `out[t] = sum_j w[t][j] * d[t*k + j]`.
 //!
-//! Prefill (large n) uses the same grouped GEMV: every (token, slot) pair streams its expert's
-//! matrices, so the weight traffic is `n * k` expert matrices per bank (served mostly from L2
-//! when tokens share experts) instead of one pass per used expert; a grouped tensor-core GEMM
-//! (tokens gathered per expert) is the faster path still to write.
+//! Prefill (n > [`ORDER_MIN_TOKENS`] - 1) uses the same grouped GEMV, still without a host round
+//! trip: the router's `__order` kernel sorts the (token, slot) pairs by expert on the device and
+//! the GEMV launches them in that order, so the pairs of one expert run back to back and read its
+//! matrices from L2 after the first. The cost: every pair still runs a full GEMV of its expert
+//! (dp4a, one row per warp), i.e. `n * k` expert-matrix passes through L2/SM per bank instead of
+//! one tensor-core GEMM per used expert over its gathered tokens; that grouped GEMM is the faster
+//! prefill path still to write.
 
 use std::sync::Arc;
 
@@ -26,6 +29,9 @@ use super::types::GpuWeight;
 use super::CudaDevice;
 use crate::backend::MoeParams;
 use crate::kernels::{BatchBucket, HeadDim, Op, Quant};
+
+/// From this many tokens on, pairs are ordered by expert before the expert GEMVs.
+pub const ORDER_MIN_TOKENS: usize = 9;
 
 fn invalid(detail: String) -> CudaError {
     CudaError::Invalid { op: "moe", detail }
@@ -203,6 +209,15 @@ impl CudaDevice {
             p.norm_topk,
         )?;
 
+        // pairs grouped by expert (prefill only: decode has at most 8 * k pairs)
+        let (_pb, perm) = if n >= ORDER_MIN_TOKENS {
+            let (b, perm) = scratch::<i32>(pool, pairs)?;
+            self.moe_order(spec(Op::MoeRoute, Quant::F32)?, ids, perm, pairs, e)?;
+            (Some(b), perm)
+        } else {
+            (None, DevPtr::null())
+        };
+
         // 2. gate and up
         let qspec = spec(Op::QuantizeQ8, Quant::F32)?;
         let x = x
@@ -230,6 +245,7 @@ impl CudaDevice {
             mats: &[],
             n_experts: e,
             ids,
+            perm,
             pairs,
             x,
             xq,
@@ -291,6 +307,7 @@ impl CudaDevice {
                 mats: &md,
                 n_experts: e,
                 ids,
+                perm,
                 pairs,
                 x: h,
                 xq: hq,

@@ -1,9 +1,11 @@
 //! Mixture of experts on the GPU:
 //! - `moe_route` vs `backend::cpu::route` (expert ids exact, weights relative), E = 16 / 128 /
 //!   256, top-k 1..16, with and without renormalisation, plus an all -inf row and a row of equal
-//!   logits (the lower index wins ties);
+//!   logits (the lower index wins ties); its `__order` kernel (a permutation of the pairs with
+//!   non-decreasing experts);
 //! - `moe_gemv` of every format vs `ops::qdot::gemv_ref` per (token, slot) pair: gate + up in one
-//!   launch (token rows, interleaved outputs), down (pair rows), and out-of-range ids (zeros);
+//!   launch (token rows, interleaved outputs), down (pair rows, launched in reverse order through
+//!   `perm`), and out-of-range ids (zeros);
 //! - `moe_combine` vs an f64 weighted sum, and end to end `CudaDevice::moe` for n = 1, 4, 37,
 //!   E = 16, top-4 over random Q4_K / Q8_0 banks: against a host model of the GPU arithmetic
 //!   (same routing, int8 activations) within the check's bound, and against the CPU backend's
@@ -122,6 +124,28 @@ impl KernelCheck for MoeRouteCheck {
             let got_w = wb.read::<f32>(n * k)?;
             cmp = cmp.merge(Comparison::new(&got_i, &want_i));
             cmp = cmp.merge(Comparison::new(&got_w, &want_w));
+            // the __order kernel: a permutation of the pairs with non-decreasing experts
+            let pairs = n * k;
+            let pb = pool.alloc(pairs * 4)?;
+            pb.fill_bytes(0xff)?;
+            let perm = ptr::<i32>(&pb, pairs)?;
+            cx.dev.moe_order(spec, i, perm, pairs, e)?;
+            let got_p = pb.read::<i32>(pairs)?;
+            let mut seen = vec![false; pairs];
+            for &q in &got_p {
+                match usize::try_from(q).ok().filter(|&q| q < pairs) {
+                    Some(q) if !seen[q] => seen[q] = true,
+                    _ => {
+                        return Err(invalid(format!(
+                            "moe_order: {got_p:?} is not a permutation"
+                        )))
+                    }
+                }
+            }
+            let ordered: Vec<f32> = got_p.iter().map(|&q| got_i[q as usize]).collect();
+            let mut sorted = want_i.clone();
+            sorted.sort_by(f32::total_cmp);
+            cmp = cmp.merge(Comparison::new(&ordered, &sorted));
             if ci == 0 {
                 let dev = cx.dev;
                 micros = time_us(dev, cx.iters, || {
@@ -224,6 +248,12 @@ impl KernelCheck for MoeGemvCheck {
                 }
                 let xb = pool.upload(&x)?;
                 let ib = pool.upload(&ids)?;
+                // the down-style case runs the pairs in reverse order
+                let pb = if two {
+                    None
+                } else {
+                    Some(pool.upload(&(0..pairs as i32).rev().collect::<Vec<i32>>())?)
+                };
                 let (qb, db) = match &xq {
                     Some((qs, ds)) => (Some(pool.upload(qs)?), Some(pool.upload(ds)?)),
                     None => (None, None),
@@ -237,6 +267,10 @@ impl KernelCheck for MoeGemvCheck {
                     mats: &mats[..mats_n],
                     n_experts: e,
                     ids: ptr(&ib, pairs)?,
+                    perm: match &pb {
+                        Some(b) => ptr(b, pairs)?,
+                        None => DevPtr::null(),
+                    },
                     pairs,
                     x: ptr(&xb, rows * k)?,
                     xq: match &qb {
