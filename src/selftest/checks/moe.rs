@@ -191,9 +191,11 @@ impl KernelCheck for MoeGemvCheck {
         let ty = ggml(q).ok_or_else(|| invalid(format!("no GGML type for {q}")))?;
         let float_w = ty.block().0 == 1;
         let shapes: &[(usize, usize)] = match ty {
-            GgmlType::Q4K | GgmlType::Q6K => &[(200, 1024), (72, 256)],
-            _ if float_w => &[(136, 320), (40, 75)],
-            _ => &[(136, 1184), (40, 96)],
+            // odd row counts: expert starts off 16-byte alignment (except Q4_K, 144-byte
+            // blocks); the second shape needs several staged chunks per row
+            GgmlType::Q4K | GgmlType::Q6K => &[(201, 1024), (72, 5120)],
+            _ if float_w => &[(137, 320), (40, 75)],
+            _ => &[(137, 1184), (40, 8192)],
         };
         let pool = pool(cx);
         let e = 6usize;
