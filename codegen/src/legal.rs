@@ -156,5 +156,32 @@ mod tests {
             ..a
         })
         .is_ok());
+        // MoE: router / combine are f32 and batch-agnostic; the grouped GEMV takes GGUF formats
+        let r = KernelKey {
+            op: Op::MoeRoute,
+            ..k
+        };
+        assert!(check_legal(&r).is_ok());
+        assert!(check_legal(&KernelKey {
+            batch: BatchBucket::B1,
+            ..r
+        })
+        .is_err());
+        let g = KernelKey {
+            op: Op::MoeGemv,
+            quant: Quant::Q6K,
+            ..k
+        };
+        assert!(check_legal(&g).is_ok());
+        assert!(check_legal(&KernelKey {
+            quant: Quant::Fp8E4m3,
+            ..g
+        })
+        .is_err());
+        assert!(check_legal(&KernelKey {
+            batch: BatchBucket::B8,
+            ..g
+        })
+        .is_err());
     }
 }
