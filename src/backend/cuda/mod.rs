@@ -16,6 +16,7 @@ mod launch_decode;
 mod launch_linear;
 mod launch_moe;
 pub mod moe;
+mod moe_prefill;
 mod probe;
 pub mod types;
 

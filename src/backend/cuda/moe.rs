@@ -11,13 +11,14 @@
 //! 4. `quantize_q8` of h and `moe_gemv` over the down bank into `d` `[n*k, out]`;
 //! 5. `moe_combine`: `out[t] = sum_j w[t][j] * d[t*k + j]`.
 //!
-//! Prefill (n > [`ORDER_MIN_TOKENS`] - 1) uses the same grouped GEMV, still without a host round
-//! trip: the router's `__order` kernel sorts the (token, slot) pairs by expert on the device and
+//! Prefill from [`PREFILL_GEMM_MIN_TOKENS`] tokens runs by expert on tensor cores (routing to the
+//! host, tokens gathered per expert, `gemm` per used expert: `moe_prefill.rs`) when the banks
+//! allow it. Otherwise, from [`ORDER_MIN_TOKENS`] tokens, the grouped GEMV still runs without a
+//! host round trip: the router's `__order` kernel sorts the (token, slot) pairs by expert on the device and
 //! the GEMV launches them in that order, so the pairs of one expert run back to back and read its
 //! matrices from L2 after the first. The cost: every pair still runs a full GEMV of its expert
 //! (dp4a, one row per warp), i.e. `n * k` expert-matrix passes through L2/SM per bank instead of
-//! one tensor-core GEMM per used expert over its gathered tokens; that grouped GEMM is the faster
-//! prefill path still to write.
+//! one tensor-core GEMM per used expert over its gathered tokens.
 
 use std::sync::Arc;
 
@@ -32,6 +33,36 @@ use crate::kernels::{BatchBucket, HeadDim, Op, Quant};
 
 /// From this many tokens on, pairs are ordered by expert before the expert GEMVs.
 pub const ORDER_MIN_TOKENS: usize = 9;
+/// From this many tokens on, prefill runs by expert on tensor cores (`moe_prefill.rs`) when all
+/// three banks have a `gemm` instance and 16-byte aligned experts.
+pub const PREFILL_GEMM_MIN_TOKENS: usize = 64;
+
+/// How `moe` runs a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoePath {
+    /// Grouped GEMV, pairs in token order (decode, small batches; graph-capturable).
+    Gemv,
+    /// Grouped GEMV, pairs ordered by expert on the device (graph-capturable).
+    GemvOrdered,
+    /// Routing to the host, tokens gathered per expert, tensor-core GEMMs (one sync).
+    Gemm,
+}
+
+/// The path `moe` takes for `n` tokens over banks of these formats and shapes.
+pub fn moe_path(n: usize, d: &MoeDims, q: [Quant; 3]) -> MoePath {
+    use super::moe_prefill::gemm_ready;
+    if n >= PREFILL_GEMM_MIN_TOKENS
+        && gemm_ready(q[0], d.ff, d.hidden)
+        && gemm_ready(q[1], d.ff, d.hidden)
+        && gemm_ready(q[2], d.out, d.ff)
+    {
+        MoePath::Gemm
+    } else if n >= ORDER_MIN_TOKENS {
+        MoePath::GemvOrdered
+    } else {
+        MoePath::Gemv
+    }
+}
 
 fn invalid(detail: String) -> CudaError {
     CudaError::Invalid { op: "moe", detail }
@@ -209,8 +240,12 @@ impl CudaDevice {
             p.norm_topk,
         )?;
 
+        let path = moe_path(n, &d, [gate.quant, up.quant, down.quant]);
+        if path == MoePath::Gemm {
+            return self.moe_prefill_gemm(pool, x, &d, ids, wts, [gate, up, down], p.act);
+        }
         // pairs grouped by expert (prefill only: decode has at most 8 * k pairs)
-        let (_pb, perm) = if n >= ORDER_MIN_TOKENS {
+        let (_pb, perm) = if path == MoePath::GemvOrdered {
             let (b, perm) = scratch::<i32>(pool, pairs)?;
             self.moe_order(spec(Op::MoeRoute, Quant::F32)?, ids, perm, pairs, e)?;
             (Some(b), perm)

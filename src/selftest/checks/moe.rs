@@ -18,6 +18,7 @@ use rand::Rng;
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cpu::{route, CpuBackend};
+use crate::backend::cuda::moe::{moe_dims, moe_path, MoePath};
 use crate::backend::cuda::{CudaError, DevPtr, GpuWeight, MoeGemvArgs, Pool};
 use crate::backend::{Activation, Backend, MoeParams};
 use crate::kernels::{BatchBucket, HeadDim, KernelKey, KernelSpec, Op, Quant};
@@ -392,31 +393,64 @@ fn make_case(rng: &mut StdRng, n: usize, variant: usize) -> Result<Case, CudaErr
     })
 }
 
-/// Host model of the GPU pipeline: the CPU router, int8 activations (block formats) before each
-/// projection, f64 dot products, slots summed in routing order.
-fn gpu_model(c: &Case, int8: bool) -> Result<Vec<f32>, CudaError> {
-    let act = |ty: GgmlType, v: &[f32]| -> Result<Vec<f32>, CudaError> {
-        if int8 {
-            Ok(act_ref(ty, v)?.0)
-        } else {
-            Ok(v.to_vec())
+/// The activation arithmetic a `moe` path uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Grouped GEMV: int8 activations per 32 for block formats.
+    Int8,
+    /// By-expert GEMM: bf16 activations and weights dequantised then rounded to bf16.
+    Bf16,
+    /// Plain f32 (the CPU backend; the unit test).
+    #[cfg_attr(not(test), allow(dead_code))]
+    F32,
+}
+
+fn bf16(v: f32) -> f32 {
+    half::bf16::from_f32(v).to_f32()
+}
+
+/// One expert's `[rows, cols]` product with `x` under `mode`, f64 accumulation.
+fn expert_dot(b: &Bank, ex: usize, x: &[f32], mode: Mode) -> Result<Vec<f32>, CudaError> {
+    let (rows, cols) = (b.rows, b.cols);
+    match mode {
+        Mode::F32 => gemv_ref(b.ty, b.expert(ex), rows, cols, x).map_err(qerr),
+        Mode::Int8 => gemv_ref(b.ty, b.expert(ex), rows, cols, &act_ref(b.ty, x)?.0).map_err(qerr),
+        Mode::Bf16 => {
+            let rb = b.ty.row_bytes(cols).map_err(qerr)?;
+            let xb: Vec<f32> = x.iter().map(|&v| bf16(v)).collect();
+            let mut row = vec![0f32; cols];
+            (0..rows)
+                .map(|r| {
+                    crate::quant::dequantize(b.ty, &b.expert(ex)[r * rb..(r + 1) * rb], &mut row)
+                        .map_err(qerr)?;
+                    Ok(row
+                        .iter()
+                        .zip(&xb)
+                        .map(|(&w, &v)| bf16(w) as f64 * v as f64)
+                        .sum::<f64>() as f32)
+                })
+                .collect()
         }
-    };
+    }
+}
+
+/// Host model of a GPU path: the CPU router, the path's activation arithmetic before each
+/// projection, f64 dot products, slots summed in routing order.
+fn gpu_model(c: &Case, mode: Mode) -> Result<Vec<f32>, CudaError> {
     let (h, e, ff) = (c.hidden, c.p.n_experts, c.gate.rows);
     let mut out = vec![0f32; c.n * c.down.rows];
     for t in 0..c.n {
-        let xr = act(c.gate.ty, &c.x[t * h..(t + 1) * h])?;
+        let xr = &c.x[t * h..(t + 1) * h];
         let mut acc = vec![0f32; c.down.rows];
         for (ex, w) in route(&c.logits[t * e..(t + 1) * e], c.p.top_k, c.p.norm_topk) {
-            let g = gemv_ref(c.gate.ty, c.gate.expert(ex), ff, h, &xr).map_err(qerr)?;
-            let u = gemv_ref(c.up.ty, c.up.expert(ex), ff, h, &xr).map_err(qerr)?;
+            let g = expert_dot(&c.gate, ex, xr, mode)?;
+            let u = expert_dot(&c.up, ex, xr, mode)?;
             let mut hm = vec![0f32; ff];
             match c.p.act {
                 Activation::Silu => crate::ops::swiglu(&g, &u, &mut hm),
                 Activation::GeluTanh => crate::ops::geglu(&g, &u, &mut hm),
             }
-            let hr = act(c.down.ty, &hm)?;
-            let d = gemv_ref(c.down.ty, c.down.expert(ex), c.down.rows, ff, &hr).map_err(qerr)?;
+            let d = expert_dot(&c.down, ex, &hm, mode)?;
             acc.iter_mut().zip(&d).for_each(|(a, v)| *a += w * v);
         }
         out[t * c.down.rows..(t + 1) * c.down.rows].copy_from_slice(&acc);
@@ -491,8 +525,10 @@ impl KernelCheck for MoeCombineCheck {
             ));
         }
         let mut vs_cpu = Comparison::default();
+        let mut paths = Vec::new();
         for variant in 0..2 {
-            for n in [1usize, 4, 37] {
+            // decode (grouped GEMV), ordered GEMV (37), by-expert GEMM (70)
+            for n in [1usize, 4, 37, 70] {
                 let c = make_case(&mut cx.rng, n, variant)?;
                 let (g, u, dn) = (
                     c.gate.to_gpu(&pool)?,
@@ -505,9 +541,26 @@ impl KernelCheck for MoeCombineCheck {
                 let l = ptr(&lb, c.logits.len())?;
                 let out = cx.dev.moe(&pool, x, n, l, &g, &u, &dn, &c.p)?;
                 let got = out.read::<f32>(n * c.down.rows)?;
-                cmp = cmp.merge(Comparison::new(&got, &gpu_model(&c, true)?));
+                let dims = moe_dims(
+                    n,
+                    c.x.len(),
+                    c.logits.len(),
+                    (&g.shape, g.quant),
+                    (&u.shape, u.quant),
+                    (&dn.shape, dn.quant),
+                    &c.p,
+                )?;
+                let mode = match moe_path(n, &dims, [g.quant, u.quant, dn.quant]) {
+                    MoePath::Gemm => Mode::Bf16,
+                    MoePath::Gemv | MoePath::GemvOrdered => Mode::Int8,
+                };
+                paths.push((n, mode));
+                cmp = cmp.merge(Comparison::new(&got, &gpu_model(&c, mode)?));
                 vs_cpu = vs_cpu.merge(Comparison::new(&got, &cpu_moe(&c)?));
             }
+        }
+        if !paths.iter().any(|p| p.1 == Mode::Bf16) || !paths.iter().any(|p| p.1 == Mode::Int8) {
+            return Err(invalid(format!("moe paths not all covered: {paths:?}")));
         }
         if !vs_cpu.passes(E2E_CPU_BOUND) {
             return Err(invalid(format!(
@@ -533,18 +586,20 @@ mod tests {
         for variant in 0..2 {
             for n in [1usize, 4, 37] {
                 let c = make_case(&mut rng, n, variant).unwrap();
-                let a = gpu_model(&c, true).unwrap();
+                let a = gpu_model(&c, Mode::Int8).unwrap();
                 let b = cpu_moe(&c).unwrap();
                 let cmp = Comparison::new(&a, &b);
                 assert_eq!(cmp.unwritten, 0);
                 worst = worst.max(cmp.max_rel_err);
                 // without the int8 activations the model is the CPU backend up to rounding
-                let f = Comparison::new(&gpu_model(&c, false).unwrap(), &b);
+                let f = Comparison::new(&gpu_model(&c, Mode::F32).unwrap(), &b);
+                let h = Comparison::new(&gpu_model(&c, Mode::Bf16).unwrap(), &b);
                 eprintln!(
-                    "variant {variant} n {n}: int8 {:.3e}, f32 {:.3e}",
-                    cmp.max_rel_err, f.max_rel_err
+                    "variant {variant} n {n}: int8 {:.3e}, bf16 {:.3e}, f32 {:.3e}",
+                    cmp.max_rel_err, h.max_rel_err, f.max_rel_err
                 );
                 assert!(f.passes(1e-4), "{f:?}");
+                assert!(h.passes(E2E_CPU_BOUND / 2.0), "{h:?}");
             }
         }
         eprintln!("host model of the GPU moe vs CPU backend: max rel err {worst:.3e}");
