@@ -48,10 +48,18 @@ pub enum MoePath {
     Gemm,
 }
 
+/// The by-expert GEMM prefill is on unless `FUCINA_MOE_GEMM=0` (read once): a switch back to
+/// the grouped GEMV for every batch size.
+pub fn prefill_gemm_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FUCINA_MOE_GEMM").map_or(true, |v| v != "0"))
+}
+
 /// The path `moe` takes for `n` tokens over banks of these formats and shapes.
 pub fn moe_path(n: usize, d: &MoeDims, q: [Quant; 3]) -> MoePath {
     use super::moe_prefill::gemm_ready;
     if n >= PREFILL_GEMM_MIN_TOKENS
+        && prefill_gemm_enabled()
         && gemm_ready(q[0], d.ff, d.hidden)
         && gemm_ready(q[1], d.ff, d.hidden)
         && gemm_ready(q[2], d.out, d.ff)
