@@ -87,6 +87,12 @@ key_enum! {
         L2Norm => "l2_norm",
         /// f32 activations to bf16 (the A operand of the tensor-core GEMM).
         CastBf16 => "cast_bf16",
+        /// MoE router: softmax over experts, top-k, optional renormalisation, per token.
+        MoeRoute => "moe_route",
+        /// Grouped expert GEMV: per (token, slot) pair, the expert read from device memory.
+        MoeGemv => "moe_gemv",
+        /// MoE output: weighted sum of the slots' expert outputs per token.
+        MoeCombine => "moe_combine",
     }
 }
 

@@ -11,6 +11,7 @@ mod gemv;
 mod glu;
 mod kv_write;
 mod l2_norm;
+mod moe;
 mod read_bw;
 mod rmsnorm;
 mod rope;
@@ -40,6 +41,9 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &ewise::EwiseCheck,
         &l2_norm::L2NormCheck,
         &cast_bf16::CastBf16Check,
+        &moe::MoeRouteCheck,
+        &moe::MoeGemvCheck,
+        &moe::MoeCombineCheck,
     ]
 }
 
