@@ -32,24 +32,168 @@ pub fn report_unavailable(a: &RunArgs) {
     }
 }
 
-/// Check the device flag.
-pub fn check_device(d: Device) -> Result<()> {
-    match d {
-        Device::Cpu => Ok(()),
-        // The kernels run on the GPU (`fucina selftest`), but the CUDA backend does not implement
-        // the model-level Backend trait yet: construct it in `load_model` when it does.
-        Device::Cuda if crate::backend::cuda::cuda_available() => bail!(
-            "--device cuda: a CUDA driver is present, but the CUDA model backend is not wired into this build yet; use --device cpu"
+/// What `--device` resolves to on this machine.
+pub enum Selected<T> {
+    Cpu,
+    /// The opened CUDA backend.
+    Cuda(T),
+}
+
+/// Resolve `--device`: `driver` says whether a CUDA driver is present, `open` opens device
+/// `ordinal`. `auto` falls back to the CPU and returns the one log line saying why; `cuda`
+/// without a driver or a device is an error (never a panic).
+pub fn select_device<T, E: std::fmt::Display>(
+    device: Device,
+    ordinal: usize,
+    driver: bool,
+    open: impl FnOnce() -> std::result::Result<T, E>,
+) -> Result<(Selected<T>, Option<String>)> {
+    match device {
+        Device::Cpu => Ok((Selected::Cpu, None)),
+        Device::Cuda if !driver => bail!(
+            "--device cuda: no CUDA driver found on this machine (libcuda could not be loaded); use --device cpu or --device auto"
         ),
-        Device::Cuda => bail!(
-            "--device cuda: no CUDA driver found on this machine (the CUDA backend is not available); use --device cpu"
-        ),
+        Device::Cuda => match open() {
+            Ok(b) => Ok((Selected::Cuda(b), None)),
+            Err(e) => bail!("--device cuda: cannot use CUDA device {ordinal}: {e}"),
+        },
+        Device::Auto if !driver => Ok((
+            Selected::Cpu,
+            Some("--device auto: no CUDA driver found; running on the CPU backend".into()),
+        )),
+        Device::Auto => match open() {
+            Ok(b) => Ok((Selected::Cuda(b), None)),
+            Err(e) => Ok((
+                Selected::Cpu,
+                Some(format!(
+                    "--device auto: CUDA device {ordinal} is not usable ({e}); running on the CPU backend"
+                )),
+            )),
+        },
     }
+}
+
+/// Check `--gpu-mem-util`.
+pub fn check_mem_util(util: f32) -> Result<f32> {
+    if !(util > 0.0 && util <= 1.0) {
+        bail!("--gpu-mem-util must be in (0, 1], got {util}");
+    }
+    Ok(util)
+}
+
+/// Device memory kept out of the KV budget for activations, logits and kernel workspaces.
+pub const GPU_RESERVE_BYTES: u64 = 1 << 30;
+
+/// The KV cache budget: `free * util - reserve` bytes (`free`: device memory free once the
+/// weights are uploaded).
+pub fn kv_budget_bytes(free: u64, util: f32, reserve: u64) -> u64 {
+    ((free as f64 * util as f64) as u64).saturating_sub(reserve)
+}
+
+/// The log line of the context cap, when the budget (not `--ctx` or the model) set the context.
+pub fn context_cap_line(
+    max_context: usize,
+    requested: usize,
+    util: f32,
+    budget: u64,
+    per_token: u64,
+) -> Option<String> {
+    if per_token == 0 || (budget / per_token) as usize > max_context || max_context >= requested {
+        return None;
+    }
+    let gib = (max_context as u64 * per_token) as f64 / (1u64 << 30) as f64;
+    Some(format!(
+        "context capped to {max_context} tokens by --gpu-mem-util {util:.2} (KV cache {gib:.2} GiB at {per_token} bytes/token)"
+    ))
+}
+
+/// Load on whichever backend `--device` selects.
+fn load_on_device(a: &RunArgs, ckpt: &Checkpoint) -> Result<Arc<dyn CausalLm>> {
+    check_mem_util(a.gpu_mem_util)?;
+    let (sel, note) = select_device(
+        a.device,
+        a.cuda_device,
+        crate::backend::cuda::cuda_available(),
+        || open_cuda(a),
+    )?;
+    if let Some(n) = note {
+        tracing::info!("{n}");
+    }
+    match sel {
+        Selected::Cpu => {
+            let opts = LoadOptions {
+                max_context: a.ctx,
+                ..Default::default()
+            };
+            load_model_on(ckpt, Arc::new(CpuBackend::new()), &opts)
+        }
+        Selected::Cuda(be) => load_cuda(a, ckpt, be),
+    }
+}
+
+/// The CUDA backend (needs `impl Backend for CudaBackend`: the `cuda-engine` feature).
+#[cfg(feature = "cuda-engine")]
+fn open_cuda(a: &RunArgs) -> std::result::Result<crate::backend::cuda::CudaBackend, String> {
+    crate::backend::cuda::CudaBackend::new(a.cuda_device, a.kv_type).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "cuda-engine"))]
+fn open_cuda(_: &RunArgs) -> std::result::Result<std::convert::Infallible, String> {
+    Err("this build has no CUDA model backend (built without the cuda-engine feature)".into())
+}
+
+#[cfg(not(feature = "cuda-engine"))]
+fn load_cuda(
+    _: &RunArgs,
+    _: &Checkpoint,
+    be: std::convert::Infallible,
+) -> Result<Arc<dyn CausalLm>> {
+    match be {}
+}
+
+/// Weights onto the GPU with a progress bar, then the context capped by the KV budget.
+#[cfg(feature = "cuda-engine")]
+fn load_cuda(
+    a: &RunArgs,
+    ckpt: &Checkpoint,
+    be: crate::backend::cuda::CudaBackend,
+) -> Result<Arc<dyn CausalLm>> {
+    use crate::model::registry::KvBudget;
+    let util = a.gpu_mem_util;
+    let ctx = be.dev.context().clone();
+    let budget = KvBudget::new(move || {
+        let free = ctx.mem_get_info().map(|(f, _)| f as u64).unwrap_or(0);
+        kv_budget_bytes(free, util, GPU_RESERVE_BYTES)
+    });
+    let opts = LoadOptions {
+        max_context: a.ctx,
+        kv_budget: Some(budget.clone()),
+        kv_elem_bytes: a.kv_type.bytes(),
+    };
+    tracing::info!(
+        "loading on CUDA device {} ({}), KV cache {:?}",
+        a.cuda_device,
+        be.dev.name(),
+        a.kv_type
+    );
+    let model = load_model_on(ckpt, Arc::new(be), &opts)?;
+    let info = model.info();
+    let per_token = opts.kv_bytes_per_token(info.kv_elems_per_token);
+    if let Some(b) = budget.measured() {
+        match context_cap_line(info.max_context, a.ctx, util, b, per_token) {
+            Some(line) => tracing::info!("{line}"),
+            None => tracing::info!(
+                "context {} tokens; KV budget {:.2} GiB at {per_token} bytes/token",
+                info.max_context,
+                b as f64 / (1u64 << 30) as f64
+            ),
+        }
+    }
+    Ok(model)
 }
 
 /// Load weights + tokenizer, pick the chat format, start the scheduler.
 pub fn load(a: &RunArgs) -> Result<Ready> {
-    check_device(a.device)?;
     let (model, tokenizer, template, model_id) = load_model(a)?;
     let tokenizer = Arc::new(tokenizer);
     let chat = match Dialect::detect(&tokenizer) {
@@ -87,7 +231,7 @@ fn load_model(
     let tok = crate::tokenizer::load_for_checkpoint(&ckpt, a.tokenizer.as_deref())
         .context("loading the tokenizer")?;
     let files = template_files(&ckpt, a.tokenizer.as_deref())?;
-    let model = load_model_on(&ckpt, Arc::new(CpuBackend::new()), a.ctx)?;
+    let model = load_on_device(a, &ckpt)?;
     let id = path
         .file_name()
         .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
@@ -95,13 +239,44 @@ fn load_model(
     Ok((model, tok, files, id))
 }
 
+/// Build the model on `backend` (any backend), with a progress bar over the weight bytes when
+/// stderr is a terminal.
 fn load_model_on<B: crate::backend::Backend>(
     ckpt: &Checkpoint,
     backend: Arc<B>,
-    ctx: usize,
+    opts: &LoadOptions,
 ) -> Result<Arc<dyn CausalLm>> {
-    let opts = LoadOptions { max_context: ctx };
-    Ok(load_model_registry(ckpt, backend, &opts)?)
+    let total = ckpt.total_tensor_bytes();
+    let bar = load_bar(total, backend.name());
+    if let Some(bar) = &bar {
+        let b = bar.clone();
+        ckpt.set_tensor_hook(Some(Box::new(move |n| {
+            // a tensor fetched twice (a tied head) must not run the bar past its end
+            b.set_position((b.position() + n as u64).min(total))
+        })));
+    }
+    let res = load_model_registry(ckpt, backend, opts);
+    ckpt.set_tensor_hook(None);
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(res?)
+}
+
+fn load_bar(total: u64, backend: &str) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if total == 0 || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "loading weights ({msg}) {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(backend.to_string());
+    Some(bar)
 }
 
 /// The chat template: files beside the weights (or the tokenizer override), else the GGUF's
