@@ -71,6 +71,8 @@ key_enum! {
         Gemm => "gemm",
         AttnDecode => "attn_decode",
         Sample => "sample",
+        /// Sampler penalties (repetition / presence / frequency) and bans from device counts.
+        Penalties => "penalties",
         /// Benchmark helper: reads a buffer once (read-bandwidth reference for the GEMV bench).
         ReadBw => "read_bw",
         /// Test kernel: the DSL's float conversions over all codes (selftest only).

@@ -306,3 +306,177 @@ pub fn template_files(
     }
     Ok(files)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::KvType;
+    use crate::cli::args::Cli;
+    use crate::model::registry::context_cap;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> RunArgs {
+        let mut v = vec!["fucina"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).unwrap().run
+    }
+
+    #[test]
+    fn device_flags_parse() {
+        // (the FUCINA_* environment is not set in tests)
+        let a = parse(&[]);
+        assert_eq!(a.device, Device::Auto);
+        assert_eq!(a.kv_type, KvType::Fp8E4m3);
+        assert_eq!(a.gpu_mem_util, 0.90);
+        assert_eq!(a.cuda_device, 0);
+        let a = parse(&[
+            "--device",
+            "cuda",
+            "--cuda-device",
+            "3",
+            "--kv-type",
+            "f16",
+            "--gpu-mem-util",
+            "0.5",
+        ]);
+        assert_eq!(a.device, Device::Cuda);
+        assert_eq!(a.cuda_device, 3);
+        assert_eq!(a.kv_type, KvType::F16);
+        assert_eq!(a.gpu_mem_util, 0.5);
+        assert_eq!(parse(&["--device", "cpu"]).device, Device::Cpu);
+        assert_eq!(parse(&["--kv-type", "fp8"]).kv_type, KvType::Fp8E4m3);
+        assert!(Cli::try_parse_from(["fucina", "--device", "tpu"]).is_err());
+        assert!(Cli::try_parse_from(["fucina", "--kv-type", "int4"]).is_err());
+        assert!(check_mem_util(0.0).is_err());
+        assert!(check_mem_util(1.5).is_err());
+        assert!(check_mem_util(f32::NAN).is_err());
+        assert_eq!(check_mem_util(1.0).unwrap(), 1.0);
+    }
+
+    fn never() -> std::result::Result<u8, String> {
+        panic!("must not open a device")
+    }
+
+    #[test]
+    fn device_selection_and_fallback() {
+        // cpu never touches CUDA
+        let (s, note) = select_device(Device::Cpu, 0, true, never).unwrap();
+        assert!(matches!(s, Selected::Cpu) && note.is_none());
+        // auto without a driver: CPU, one line saying why
+        let (s, note) = select_device(Device::Auto, 0, false, never).unwrap();
+        assert!(matches!(s, Selected::Cpu));
+        assert_eq!(
+            note.as_deref(),
+            Some("--device auto: no CUDA driver found; running on the CPU backend")
+        );
+        // auto with a device that fails to open: CPU, the reason in the line
+        let (s, note) =
+            select_device(Device::Auto, 2, true, || Err::<u8, _>("out of memory")).unwrap();
+        assert!(matches!(s, Selected::Cpu));
+        let note = note.unwrap();
+        assert!(
+            note.contains("CUDA device 2") && note.contains("out of memory"),
+            "{note}"
+        );
+        // auto with a device: CUDA, silently
+        let (s, note) = select_device(Device::Auto, 0, true, || Ok::<u8, String>(7)).unwrap();
+        assert!(matches!(s, Selected::Cuda(7)) && note.is_none());
+        // cuda without a driver: a clear error, no panic
+        let e = select_device(Device::Cuda, 0, false, never).err().unwrap();
+        assert!(e.to_string().contains("no CUDA driver"), "{e}");
+        let e = select_device(Device::Cuda, 1, true, || Err::<u8, _>("bad ordinal"))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("CUDA device 1: bad ordinal"), "{e}");
+    }
+
+    #[test]
+    fn cuda_without_driver_fails_cleanly_through_load() {
+        if crate::backend::cuda::cuda_available() {
+            return; // a GPU machine: covered by the selection test above
+        }
+        let a = parse(&["--device", "cuda", "-m", "/nonexistent.gguf"]);
+        let ckpt_err = load(&a).err().unwrap().to_string();
+        // the checkpoint is opened first; with a real file the device error comes next
+        assert!(ckpt_err.contains("nonexistent"), "{ckpt_err}");
+        let e = select_device(a.device, a.cuda_device, false, || open_cuda(&a))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("--device cuda"), "{e}");
+    }
+
+    #[test]
+    fn kv_budget_arithmetic() {
+        const GIB: u64 = 1 << 30;
+        // 100 GiB free, util 0.9, 1 GiB reserve -> 89 GiB
+        // (0.9f32 is not 0.9: a few KiB either way)
+        assert!(kv_budget_bytes(100 * GIB, 0.9, GIB).abs_diff(89 * GIB) < (1 << 20));
+        assert_eq!(kv_budget_bytes(100 * GIB, 0.5, GIB), 49 * GIB);
+        assert_eq!(kv_budget_bytes(GIB / 2, 0.9, GIB), 0);
+        // Qwen3-8B: 36 layers x 8 kv heads x 128 x 2 (K, V) = 73728 elements per token
+        let elems = 36 * 8 * 128 * 2;
+        let fp8 = LoadOptions {
+            kv_elem_bytes: KvType::Fp8E4m3.bytes(),
+            ..Default::default()
+        };
+        let f16 = LoadOptions {
+            kv_elem_bytes: KvType::F16.bytes(),
+            ..Default::default()
+        };
+        assert_eq!(fp8.kv_bytes_per_token(elems), 73_728);
+        assert_eq!(f16.kv_bytes_per_token(elems), 147_456);
+        // 4 GiB hold 58254 fp8 tokens: a 262144 request is capped, a 32768 one is not
+        assert_eq!(context_cap(262_144, 73_728, 4 * GIB).unwrap(), 58_254);
+        assert_eq!(context_cap(32_768, 73_728, 4 * GIB).unwrap(), 32_768);
+        assert!(context_cap(10, 73_728, 1000).is_err());
+        assert_eq!(context_cap(10, 0, 0).unwrap(), 10);
+        // the budget is measured once, when the family asks (after its uploads)
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c = calls.clone();
+        let opts = LoadOptions {
+            max_context: 0,
+            kv_budget: Some(crate::model::registry::KvBudget::new(move || {
+                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                4 * GIB
+            })),
+            kv_elem_bytes: 1,
+        };
+        assert_eq!(opts.kv_budget.as_ref().unwrap().measured(), None);
+        assert_eq!(opts.cap_context(262_144, elems).unwrap(), 58_254);
+        assert_eq!(opts.cap_context(262_144, elems).unwrap(), 58_254);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // the log line
+        let line = context_cap_line(58_254, 262_144, 0.9, 4 * GIB, 73_728).unwrap();
+        assert_eq!(
+            line,
+            "context capped to 58254 tokens by --gpu-mem-util 0.90 (KV cache 4.00 GiB at 73728 bytes/token)"
+        );
+        assert!(context_cap_line(32_768, 32_768, 0.9, 4 * GIB, 73_728).is_none());
+    }
+
+    #[test]
+    fn golden_model_caps_its_context_to_the_budget() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/models/qwen3/hf");
+        let ckpt = Checkpoint::open(&p).unwrap();
+        let total = ckpt.total_tensor_bytes();
+        assert!(total > 0);
+        let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let s = seen.clone();
+        ckpt.set_tensor_hook(Some(Box::new(move |n| {
+            s.fetch_add(n as u64, std::sync::atomic::Ordering::SeqCst);
+        })));
+        let opts = LoadOptions {
+            max_context: 4096,
+            kv_budget: Some(crate::model::registry::KvBudget::new(|| 100_000)),
+            kv_elem_bytes: 2,
+        };
+        let m = load_model_registry(&ckpt, Arc::new(CpuBackend::new()), &opts).unwrap();
+        ckpt.set_tensor_hook(None);
+        let info = m.info();
+        assert!(info.kv_elems_per_token > 0);
+        let per = 2 * info.kv_elems_per_token as u64;
+        assert_eq!(info.max_context as u64, (100_000 / per).min(4096));
+        // the weights went past the progress hook
+        assert!(seen.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    }
+}

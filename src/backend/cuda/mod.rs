@@ -16,6 +16,7 @@ mod launch_decode;
 mod launch_linear;
 pub mod moe;
 mod probe;
+mod sampler;
 pub mod types;
 
 pub use backend::CudaBackend;
@@ -26,6 +27,7 @@ pub use launch::{GluShape, RopeLaunch};
 pub use launch_decode::{AttnDecodeLaunch, AttnScratch};
 pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
 pub use probe::cuda_available;
+pub use sampler::{kernel_params, CudaSamplerState, MAX_BANNED};
 pub use types::{GpuKvCache, GpuTensor, GpuWeight, KvType, WeightView};
 
 pub use cudarc::driver::{CudaSlice, CudaView};

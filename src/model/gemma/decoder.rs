@@ -397,13 +397,16 @@ impl<B: Backend> GemmaSession<B> {
 
 impl<B: Backend> Session for GemmaSession<B> {
     fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Logits, ModelError> {
-        self.step(tokens, |m, h, last| {
-            if all {
-                m.logits(h)
-            } else {
-                m.logits(last)
-            }
-        })
+        self.step(
+            tokens,
+            |m, h, last| {
+                if all {
+                    m.logits(h)
+                } else {
+                    m.logits(last)
+                }
+            },
+        )
     }
 
     fn sampler(
@@ -427,7 +430,9 @@ impl<B: Backend> Session for GemmaSession<B> {
         banned: &[u32],
     ) -> Result<u32, ModelError> {
         match sampler.as_any_mut().downcast_mut::<BackendSampler<B>>() {
-            Some(s) => self.step(tokens, |m, _, last| s.sample(m.logits_tensor(last)?, banned)),
+            Some(s) => self.step(tokens, |m, _, last| {
+                s.sample(m.logits_tensor(last)?, banned)
+            }),
             None => host_forward_sample(self, tokens, sampler, banned),
         }
     }

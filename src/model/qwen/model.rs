@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use crate::backend::{Activation, AttnParams, Backend, KvShape, MoeParams, Rope};
 use crate::bk;
+use crate::engine::SamplingParams;
 use crate::model::common::source::BankSource;
 use crate::model::common::{expert_bank, AttentionLayer, Dense, MoeBlock, NormW, WeightSource};
 use crate::model::registry::LoadOptions;
-use crate::engine::SamplingParams;
 use crate::model::{
     host_forward_sample, BackendSampler, CausalLm, Logits, ModelError, ModelInfo, Session,
     TokenSampler,

@@ -5,6 +5,7 @@ mod convert;
 mod gemm;
 mod gemv;
 mod glu;
+mod penalties;
 mod read_bw;
 mod rmsnorm;
 mod rope;
@@ -26,6 +27,7 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &gemm::GemmCheck,
         &attn_decode::AttnDecodeCheck,
         &sample::SampleCheck,
+        &penalties::PenaltiesCheck,
         &read_bw::ReadBwCheck,
         &convert::ConvertCheck,
     ]
