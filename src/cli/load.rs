@@ -107,8 +107,8 @@ pub fn context_cap_line(
     ))
 }
 
-/// Load on whichever backend `--device` selects.
-fn load_on_device(a: &RunArgs, ckpt: &Checkpoint) -> Result<Arc<dyn CausalLm>> {
+/// Resolve `--device` on this machine (before anything is loaded, so a bad flag fails fast).
+fn select(a: &RunArgs) -> Result<Selected<CudaChoice>> {
     check_mem_util(a.gpu_mem_util)?;
     let (sel, note) = select_device(
         a.device,
@@ -119,6 +119,15 @@ fn load_on_device(a: &RunArgs, ckpt: &Checkpoint) -> Result<Arc<dyn CausalLm>> {
     if let Some(n) = note {
         tracing::info!("{n}");
     }
+    Ok(sel)
+}
+
+/// Load on the selected backend.
+fn load_on_device(
+    a: &RunArgs,
+    ckpt: &Checkpoint,
+    sel: Selected<CudaChoice>,
+) -> Result<Arc<dyn CausalLm>> {
     match sel {
         Selected::Cpu => {
             let opts = LoadOptions {
@@ -131,14 +140,19 @@ fn load_on_device(a: &RunArgs, ckpt: &Checkpoint) -> Result<Arc<dyn CausalLm>> {
     }
 }
 
+#[cfg(feature = "cuda-engine")]
+type CudaChoice = crate::backend::cuda::CudaBackend;
+#[cfg(not(feature = "cuda-engine"))]
+type CudaChoice = std::convert::Infallible;
+
 /// The CUDA backend (needs `impl Backend for CudaBackend`: the `cuda-engine` feature).
 #[cfg(feature = "cuda-engine")]
-fn open_cuda(a: &RunArgs) -> std::result::Result<crate::backend::cuda::CudaBackend, String> {
+fn open_cuda(a: &RunArgs) -> std::result::Result<CudaChoice, String> {
     crate::backend::cuda::CudaBackend::new(a.cuda_device, a.kv_type).map_err(|e| e.to_string())
 }
 
 #[cfg(not(feature = "cuda-engine"))]
-fn open_cuda(_: &RunArgs) -> std::result::Result<std::convert::Infallible, String> {
+fn open_cuda(_: &RunArgs) -> std::result::Result<CudaChoice, String> {
     Err("this build has no CUDA model backend (built without the cuda-engine feature)".into())
 }
 
@@ -223,6 +237,7 @@ pub fn load(a: &RunArgs) -> Result<Ready> {
 fn load_model(
     a: &RunArgs,
 ) -> Result<(Arc<dyn CausalLm>, Tokenizer, source::TemplateFiles, String)> {
+    let sel = select(a)?;
     let path = match &a.model {
         Some(p) => p.clone(),
         None => crate::assets::default_model_path().context("fetching the default model")?,
@@ -231,7 +246,7 @@ fn load_model(
     let tok = crate::tokenizer::load_for_checkpoint(&ckpt, a.tokenizer.as_deref())
         .context("loading the tokenizer")?;
     let files = template_files(&ckpt, a.tokenizer.as_deref())?;
-    let model = load_on_device(a, &ckpt)?;
+    let model = load_on_device(a, &ckpt, sel)?;
     let id = path
         .file_name()
         .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
@@ -395,14 +410,13 @@ mod tests {
         if crate::backend::cuda::cuda_available() {
             return; // a GPU machine: covered by the selection test above
         }
+        // the device is resolved before the checkpoint is touched
         let a = parse(&["--device", "cuda", "-m", "/nonexistent.gguf"]);
-        let ckpt_err = load(&a).err().unwrap().to_string();
-        // the checkpoint is opened first; with a real file the device error comes next
-        assert!(ckpt_err.contains("nonexistent"), "{ckpt_err}");
-        let e = select_device(a.device, a.cuda_device, false, || open_cuda(&a))
-            .err()
-            .unwrap();
-        assert!(e.to_string().contains("--device cuda"), "{e}");
+        let e = load(&a).err().unwrap().to_string();
+        assert!(e.contains("--device cuda: no CUDA driver"), "{e}");
+        let a = parse(&["--device", "auto", "-m", "/nonexistent.gguf"]);
+        let e = load(&a).err().unwrap().to_string();
+        assert!(e.contains("nonexistent"), "{e}");
     }
 
     #[test]

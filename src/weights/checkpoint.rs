@@ -21,7 +21,9 @@ pub struct Checkpoint {
 /// Called with the data bytes of every tensor `Checkpoint::tensor` hands out (what a loading
 /// progress bar counts; backend-independent).
 #[derive(Default)]
-struct TensorHook(std::sync::Mutex<Option<Box<dyn Fn(usize) + Send + Sync>>>);
+struct TensorHook(std::sync::Mutex<Option<HookFn>>);
+
+pub type HookFn = Box<dyn Fn(usize) + Send + Sync>;
 
 impl std::fmt::Debug for TensorHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -105,7 +107,7 @@ impl Checkpoint {
 
     /// Install (or clear) a function called with the data bytes of every tensor handed out from
     /// now on (the model loaders fetch each weight once to upload it: a loading progress bar).
-    pub fn set_tensor_hook(&self, hook: Option<Box<dyn Fn(usize) + Send + Sync>>) {
+    pub fn set_tensor_hook(&self, hook: Option<HookFn>) {
         if let Ok(mut h) = self.hook.0.lock() {
             *h = hook;
         }
