@@ -67,7 +67,10 @@ fn load() -> Arc<GemmaModel<CpuBackend>> {
         &ckpt,
         &det,
         Arc::new(CpuBackend::new()),
-        &LoadOptions { max_context: 256 },
+        &LoadOptions {
+            max_context: 256,
+            ..Default::default()
+        },
     )
     .expect("load")
 }

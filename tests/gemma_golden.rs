@@ -72,7 +72,10 @@ fn load(path: &Path) -> Arc<GemmaModel<CpuBackend>> {
     let ckpt = Checkpoint::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let det = arch::detect(&ckpt).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let be = Arc::new(CpuBackend::new());
-    let opts = LoadOptions { max_context: 64 };
+    let opts = LoadOptions {
+        max_context: 64,
+        ..Default::default()
+    };
     let m = match det.arch {
         Arch::Gemma3 => gemma3::load_model(&ckpt, &det, be, &opts),
         Arch::Gemma4 => gemma4::load_model(&ckpt, &det, be, &opts),

@@ -95,7 +95,10 @@ fn try_load(path: &Path) -> Result<Arc<dyn CausalLm>, String> {
     load_model(
         &ckpt,
         Arc::new(CpuBackend::new()),
-        &LoadOptions { max_context: 256 },
+        &LoadOptions {
+            max_context: 256,
+            ..Default::default()
+        },
     )
     .map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -264,7 +267,15 @@ fn q8_0_gguf_matches_hf_on_rounded_weights() {
             ("f32", CpuBackend::new(), tol),
             ("int8", CpuBackend::int8(), INT8_TOL),
         ] {
-            let model = load_model(&ckpt, Arc::new(be), &LoadOptions { max_context: 256 }).unwrap();
+            let model = load_model(
+                &ckpt,
+                Arc::new(be),
+                &LoadOptions {
+                    max_context: 256,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
             let (mut worst, mut vs_f32) = (0f64, 0f64);
             for seq in case.json["sequences"].as_array().unwrap() {
                 let toks = ids(&seq["tokens"]);

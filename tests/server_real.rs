@@ -58,7 +58,10 @@ async fn tiny_qwen3_through_the_server_matches_the_direct_greedy_loop() {
     let lm = load_model(
         &ckpt,
         Arc::new(CpuBackend::new()),
-        &LoadOptions { max_context: 256 },
+        &LoadOptions {
+            max_context: 256,
+            ..Default::default()
+        },
     )
     .unwrap();
     let a: Vec<u32> = "The quick brown fox".bytes().map(u32::from).collect();
@@ -135,7 +138,10 @@ async fn gemma3_270m_chat_through_the_server_and_the_sdks() {
         &ckpt,
         &det,
         Arc::new(CpuBackend::new()),
-        &LoadOptions { max_context: 1024 },
+        &LoadOptions {
+            max_context: 1024,
+            ..Default::default()
+        },
     )
     .unwrap();
     let tok = Tokenizer::from_gguf(ckpt.gguf().unwrap()).unwrap();

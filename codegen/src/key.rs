@@ -75,6 +75,8 @@ key_enum! {
         /// Store f32 K/V rows into the paged KV cache (converted to the cache type).
         KvWrite => "kv_write",
         Sample => "sample",
+        /// Sampler penalties (repetition / presence / frequency) and bans from device counts.
+        Penalties => "penalties",
         /// Benchmark helper: reads a buffer once (read-bandwidth reference for the GEMV bench).
         ReadBw => "read_bw",
         /// Test kernel: the DSL's float conversions over all codes (selftest only).

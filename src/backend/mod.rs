@@ -13,6 +13,7 @@ pub mod cuda;
 pub mod error;
 pub use error::BackendError;
 
+use crate::engine::SamplingParams;
 use crate::ops::{RopeLayout, RopeSpec};
 
 pub type Result<T> = std::result::Result<T, BackendError>;
@@ -130,6 +131,9 @@ pub trait Backend: Send + Sync + 'static {
     type Weight: Send + Sync;
     /// One attention layer's K and V storage for one sequence.
     type KvCache: Send;
+    /// One sequence's sampler: its random stream and the tokens it has observed (prompt and
+    /// generated, for the penalties), kept where the logits are.
+    type SamplerState: Send + 'static;
 
     fn name(&self) -> &'static str;
 
@@ -342,4 +346,28 @@ pub trait Backend: Send + Sync + 'static {
         dk: usize,
         dv: usize,
     ) -> Result<Self::Tensor>;
+
+    // ---- sampling ----
+    /// A sampler for one sequence over a vocabulary of `vocab`: `prompt` counts as observed for
+    /// the repetition penalty (as in `engine::Sampler`).
+    fn sampler_new(
+        &self,
+        params: &SamplingParams,
+        prompt: &[u32],
+        vocab: usize,
+    ) -> Result<Self::SamplerState>;
+    /// Record a token chosen outside `sample` (a forced token) as generated.
+    fn sampler_accept(&self, state: &mut Self::SamplerState, id: u32) -> Result<()>;
+    /// Pick the next token from the last row of `logits` (`[rows, vocab]`, consumed: the
+    /// penalties are applied in place) with the semantics of `engine::Sampler::sample`:
+    /// repetition penalty over observed tokens, presence / frequency penalties over generated
+    /// ones, `banned` ids never chosen, then temperature / top-k / top-p / min-p / seeded draw
+    /// (temperature 0: argmax, lowest id on ties, bit-reproducible). The chosen id is recorded
+    /// as generated. Only the id comes back to the host.
+    fn sample(
+        &self,
+        logits: Self::Tensor,
+        state: &mut Self::SamplerState,
+        banned: &[u32],
+    ) -> Result<u32>;
 }

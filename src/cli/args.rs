@@ -25,6 +25,8 @@ pub enum Command {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Device {
+    /// CUDA when a driver is present and the device opens, else the CPU (with one log line).
+    Auto,
     Cpu,
     Cuda,
 }
@@ -37,9 +39,12 @@ pub struct RunArgs {
     /// tokenizer.json or .gguf to take the vocabulary from (default: next to the weights).
     #[arg(long, env = "FUCINA_TOKENIZER")]
     pub tokenizer: Option<PathBuf>,
-    /// Backend to run on.
-    #[arg(long, value_enum, default_value = "cpu", env = "FUCINA_DEVICE")]
+    /// Backend to run on: auto (CUDA when available, else CPU), cpu or cuda.
+    #[arg(long, value_enum, default_value = "auto", env = "FUCINA_DEVICE")]
     pub device: Device,
+    /// KV cache element type on the GPU: fp8 (E4M3) or f16.
+    #[arg(long = "kv-type", default_value = "fp8", env = "FUCINA_KV_TYPE")]
+    pub kv_type: crate::backend::cuda::KvType,
     /// Context size in tokens (clamped to the model's maximum).
     #[arg(long, default_value_t = 262144, env = "FUCINA_CTX")]
     pub ctx: usize,
@@ -98,7 +103,8 @@ pub struct RunArgs {
     /// Per-request generation time limit in seconds.
     #[arg(long, env = "FUCINA_TIMEOUT")]
     pub timeout: Option<u64>,
-    /// Fraction of GPU memory the engine may use (CUDA).
+    /// Fraction of the GPU memory left free after the weights that the KV cache may take (CUDA;
+    /// caps the context).
     #[arg(
         long = "gpu-mem-util",
         default_value_t = 0.90,

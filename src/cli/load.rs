@@ -32,24 +32,163 @@ pub fn report_unavailable(a: &RunArgs) {
     }
 }
 
-/// Check the device flag.
-pub fn check_device(d: Device) -> Result<()> {
-    match d {
-        Device::Cpu => Ok(()),
-        // The kernels run on the GPU (`fucina selftest`), but the CUDA backend does not implement
-        // the model-level Backend trait yet: construct it in `load_model` when it does.
-        Device::Cuda if crate::backend::cuda::cuda_available() => bail!(
-            "--device cuda: a CUDA driver is present, but the CUDA model backend is not wired into this build yet; use --device cpu"
+/// What `--device` resolves to on this machine.
+pub enum Selected<T> {
+    Cpu,
+    /// The opened CUDA backend.
+    Cuda(T),
+}
+
+/// Resolve `--device`: `driver` says whether a CUDA driver is present, `open` opens device
+/// `ordinal`. `auto` falls back to the CPU and returns the one log line saying why; `cuda`
+/// without a driver or a device is an error (never a panic).
+pub fn select_device<T, E: std::fmt::Display>(
+    device: Device,
+    ordinal: usize,
+    driver: bool,
+    open: impl FnOnce() -> std::result::Result<T, E>,
+) -> Result<(Selected<T>, Option<String>)> {
+    match device {
+        Device::Cpu => Ok((Selected::Cpu, None)),
+        Device::Cuda if !driver => bail!(
+            "--device cuda: no CUDA driver found on this machine (libcuda could not be loaded); use --device cpu or --device auto"
         ),
-        Device::Cuda => bail!(
-            "--device cuda: no CUDA driver found on this machine (the CUDA backend is not available); use --device cpu"
-        ),
+        Device::Cuda => match open() {
+            Ok(b) => Ok((Selected::Cuda(b), None)),
+            Err(e) => bail!("--device cuda: cannot use CUDA device {ordinal}: {e}"),
+        },
+        Device::Auto if !driver => Ok((
+            Selected::Cpu,
+            Some("--device auto: no CUDA driver found; running on the CPU backend".into()),
+        )),
+        Device::Auto => match open() {
+            Ok(b) => Ok((Selected::Cuda(b), None)),
+            Err(e) => Ok((
+                Selected::Cpu,
+                Some(format!(
+                    "--device auto: CUDA device {ordinal} is not usable ({e}); running on the CPU backend"
+                )),
+            )),
+        },
     }
+}
+
+/// Check `--gpu-mem-util`.
+pub fn check_mem_util(util: f32) -> Result<f32> {
+    if !(util > 0.0 && util <= 1.0) {
+        bail!("--gpu-mem-util must be in (0, 1], got {util}");
+    }
+    Ok(util)
+}
+
+/// Device memory kept out of the KV budget for activations, logits and kernel workspaces.
+pub const GPU_RESERVE_BYTES: u64 = 1 << 30;
+
+/// The KV cache budget: `free * util - reserve` bytes (`free`: device memory free once the
+/// weights are uploaded).
+pub fn kv_budget_bytes(free: u64, util: f32, reserve: u64) -> u64 {
+    ((free as f64 * util as f64) as u64).saturating_sub(reserve)
+}
+
+/// The log line of the context cap, when the budget (not `--ctx` or the model) set the context.
+pub fn context_cap_line(
+    max_context: usize,
+    requested: usize,
+    util: f32,
+    budget: u64,
+    per_token: u64,
+) -> Option<String> {
+    if per_token == 0 || (budget / per_token) as usize > max_context || max_context >= requested {
+        return None;
+    }
+    let gib = (max_context as u64 * per_token) as f64 / (1u64 << 30) as f64;
+    Some(format!(
+        "context capped to {max_context} tokens by --gpu-mem-util {util:.2} (KV cache {gib:.2} GiB at {per_token} bytes/token)"
+    ))
+}
+
+/// Resolve `--device` on this machine (before anything is loaded, so a bad flag fails fast).
+fn select(a: &RunArgs) -> Result<Selected<CudaChoice>> {
+    check_mem_util(a.gpu_mem_util)?;
+    let (sel, note) = select_device(
+        a.device,
+        a.cuda_device,
+        crate::backend::cuda::cuda_available(),
+        || open_cuda(a),
+    )?;
+    if let Some(n) = note {
+        tracing::info!("{n}");
+    }
+    Ok(sel)
+}
+
+/// Load on the selected backend.
+fn load_on_device(
+    a: &RunArgs,
+    ckpt: &Checkpoint,
+    sel: Selected<CudaChoice>,
+) -> Result<Arc<dyn CausalLm>> {
+    match sel {
+        Selected::Cpu => {
+            let opts = LoadOptions {
+                max_context: a.ctx,
+                ..Default::default()
+            };
+            load_model_on(ckpt, Arc::new(CpuBackend::new()), &opts)
+        }
+        Selected::Cuda(be) => load_cuda(a, ckpt, be),
+    }
+}
+
+type CudaChoice = crate::backend::cuda::CudaBackend;
+
+/// Open the CUDA backend on `--cuda-device`.
+fn open_cuda(a: &RunArgs) -> std::result::Result<CudaChoice, String> {
+    crate::backend::cuda::CudaBackend::new(a.cuda_device, a.kv_type).map_err(|e| e.to_string())
+}
+
+/// Weights onto the GPU with a progress bar, then the context capped by the KV budget.
+fn load_cuda(
+    a: &RunArgs,
+    ckpt: &Checkpoint,
+    be: crate::backend::cuda::CudaBackend,
+) -> Result<Arc<dyn CausalLm>> {
+    use crate::model::registry::KvBudget;
+    let util = a.gpu_mem_util;
+    let ctx = be.dev.context().clone();
+    let budget = KvBudget::new(move || {
+        let free = ctx.mem_get_info().map(|(f, _)| f as u64).unwrap_or(0);
+        kv_budget_bytes(free, util, GPU_RESERVE_BYTES)
+    });
+    let opts = LoadOptions {
+        max_context: a.ctx,
+        kv_budget: Some(budget.clone()),
+        kv_elem_bytes: a.kv_type.bytes(),
+    };
+    tracing::info!(
+        "loading on CUDA device {} ({}), KV cache {:?}",
+        a.cuda_device,
+        be.dev.name(),
+        a.kv_type
+    );
+    let model = load_model_on(ckpt, Arc::new(be), &opts)?;
+    let info = model.info();
+    let per_token = opts.kv_bytes_per_token(info.kv_elems_per_token);
+    if let Some(b) = budget.measured() {
+        match context_cap_line(info.max_context, a.ctx, util, b, per_token) {
+            Some(line) => tracing::info!("{line}"),
+            None => tracing::info!(
+                "context {} tokens; KV budget {:.2} GiB at {per_token} bytes/token",
+                info.max_context,
+                b as f64 / (1u64 << 30) as f64
+            ),
+        }
+    }
+    Ok(model)
 }
 
 /// Load weights + tokenizer, pick the chat format, start the scheduler.
 pub fn load(a: &RunArgs) -> Result<Ready> {
-    check_device(a.device)?;
     let (model, tokenizer, template, model_id) = load_model(a)?;
     let tokenizer = Arc::new(tokenizer);
     let chat = match Dialect::detect(&tokenizer) {
@@ -79,6 +218,7 @@ pub fn load(a: &RunArgs) -> Result<Ready> {
 fn load_model(
     a: &RunArgs,
 ) -> Result<(Arc<dyn CausalLm>, Tokenizer, source::TemplateFiles, String)> {
+    let sel = select(a)?;
     let path = match &a.model {
         Some(p) => p.clone(),
         None => crate::assets::default_model_path().context("fetching the default model")?,
@@ -87,7 +227,7 @@ fn load_model(
     let tok = crate::tokenizer::load_for_checkpoint(&ckpt, a.tokenizer.as_deref())
         .context("loading the tokenizer")?;
     let files = template_files(&ckpt, a.tokenizer.as_deref())?;
-    let model = load_model_on(&ckpt, Arc::new(CpuBackend::new()), a.ctx)?;
+    let model = load_on_device(a, &ckpt, sel)?;
     let id = path
         .file_name()
         .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
@@ -95,13 +235,44 @@ fn load_model(
     Ok((model, tok, files, id))
 }
 
+/// Build the model on `backend` (any backend), with a progress bar over the weight bytes when
+/// stderr is a terminal.
 fn load_model_on<B: crate::backend::Backend>(
     ckpt: &Checkpoint,
     backend: Arc<B>,
-    ctx: usize,
+    opts: &LoadOptions,
 ) -> Result<Arc<dyn CausalLm>> {
-    let opts = LoadOptions { max_context: ctx };
-    Ok(load_model_registry(ckpt, backend, &opts)?)
+    let total = ckpt.total_tensor_bytes();
+    let bar = load_bar(total, backend.name());
+    if let Some(bar) = &bar {
+        let b = bar.clone();
+        ckpt.set_tensor_hook(Some(Box::new(move |n| {
+            // a tensor fetched twice (a tied head) must not run the bar past its end
+            b.set_position((b.position() + n as u64).min(total))
+        })));
+    }
+    let res = load_model_registry(ckpt, backend, opts);
+    ckpt.set_tensor_hook(None);
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(res?)
+}
+
+fn load_bar(total: u64, backend: &str) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if total == 0 || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "loading weights ({msg}) {bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(backend.to_string());
+    Some(bar)
 }
 
 /// The chat template: files beside the weights (or the tokenizer override), else the GGUF's
@@ -130,4 +301,177 @@ pub fn template_files(
             .map(str::to_string);
     }
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::KvType;
+    use crate::cli::args::Cli;
+    use crate::model::registry::context_cap;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> RunArgs {
+        let mut v = vec!["fucina"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).unwrap().run
+    }
+
+    #[test]
+    fn device_flags_parse() {
+        // (the FUCINA_* environment is not set in tests)
+        let a = parse(&[]);
+        assert_eq!(a.device, Device::Auto);
+        assert_eq!(a.kv_type, KvType::Fp8E4m3);
+        assert_eq!(a.gpu_mem_util, 0.90);
+        assert_eq!(a.cuda_device, 0);
+        let a = parse(&[
+            "--device",
+            "cuda",
+            "--cuda-device",
+            "3",
+            "--kv-type",
+            "f16",
+            "--gpu-mem-util",
+            "0.5",
+        ]);
+        assert_eq!(a.device, Device::Cuda);
+        assert_eq!(a.cuda_device, 3);
+        assert_eq!(a.kv_type, KvType::F16);
+        assert_eq!(a.gpu_mem_util, 0.5);
+        assert_eq!(parse(&["--device", "cpu"]).device, Device::Cpu);
+        assert_eq!(parse(&["--kv-type", "fp8"]).kv_type, KvType::Fp8E4m3);
+        assert!(Cli::try_parse_from(["fucina", "--device", "tpu"]).is_err());
+        assert!(Cli::try_parse_from(["fucina", "--kv-type", "int4"]).is_err());
+        assert!(check_mem_util(0.0).is_err());
+        assert!(check_mem_util(1.5).is_err());
+        assert!(check_mem_util(f32::NAN).is_err());
+        assert_eq!(check_mem_util(1.0).unwrap(), 1.0);
+    }
+
+    fn never() -> std::result::Result<u8, String> {
+        panic!("must not open a device")
+    }
+
+    #[test]
+    fn device_selection_and_fallback() {
+        // cpu never touches CUDA
+        let (s, note) = select_device(Device::Cpu, 0, true, never).unwrap();
+        assert!(matches!(s, Selected::Cpu) && note.is_none());
+        // auto without a driver: CPU, one line saying why
+        let (s, note) = select_device(Device::Auto, 0, false, never).unwrap();
+        assert!(matches!(s, Selected::Cpu));
+        assert_eq!(
+            note.as_deref(),
+            Some("--device auto: no CUDA driver found; running on the CPU backend")
+        );
+        // auto with a device that fails to open: CPU, the reason in the line
+        let (s, note) =
+            select_device(Device::Auto, 2, true, || Err::<u8, _>("out of memory")).unwrap();
+        assert!(matches!(s, Selected::Cpu));
+        let note = note.unwrap();
+        assert!(
+            note.contains("CUDA device 2") && note.contains("out of memory"),
+            "{note}"
+        );
+        // auto with a device: CUDA, silently
+        let (s, note) = select_device(Device::Auto, 0, true, || Ok::<u8, String>(7)).unwrap();
+        assert!(matches!(s, Selected::Cuda(7)) && note.is_none());
+        // cuda without a driver: a clear error, no panic
+        let e = select_device(Device::Cuda, 0, false, never).err().unwrap();
+        assert!(e.to_string().contains("no CUDA driver"), "{e}");
+        let e = select_device(Device::Cuda, 1, true, || Err::<u8, _>("bad ordinal"))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("CUDA device 1: bad ordinal"), "{e}");
+    }
+
+    #[test]
+    fn cuda_without_driver_fails_cleanly_through_load() {
+        if crate::backend::cuda::cuda_available() {
+            return; // a GPU machine: covered by the selection test above
+        }
+        // the device is resolved before the checkpoint is touched
+        let a = parse(&["--device", "cuda", "-m", "/nonexistent.gguf"]);
+        let e = load(&a).err().unwrap().to_string();
+        assert!(e.contains("--device cuda: no CUDA driver"), "{e}");
+        let a = parse(&["--device", "auto", "-m", "/nonexistent.gguf"]);
+        let e = load(&a).err().unwrap().to_string();
+        assert!(e.contains("nonexistent"), "{e}");
+    }
+
+    #[test]
+    fn kv_budget_arithmetic() {
+        const GIB: u64 = 1 << 30;
+        // 100 GiB free, util 0.9, 1 GiB reserve -> 89 GiB
+        // (0.9f32 is not 0.9: a few KiB either way)
+        assert!(kv_budget_bytes(100 * GIB, 0.9, GIB).abs_diff(89 * GIB) < (1 << 20));
+        assert_eq!(kv_budget_bytes(100 * GIB, 0.5, GIB), 49 * GIB);
+        assert_eq!(kv_budget_bytes(GIB / 2, 0.9, GIB), 0);
+        // Qwen3-8B: 36 layers x 8 kv heads x 128 x 2 (K, V) = 73728 elements per token
+        let elems = 36 * 8 * 128 * 2;
+        let fp8 = LoadOptions {
+            kv_elem_bytes: KvType::Fp8E4m3.bytes(),
+            ..Default::default()
+        };
+        let f16 = LoadOptions {
+            kv_elem_bytes: KvType::F16.bytes(),
+            ..Default::default()
+        };
+        assert_eq!(fp8.kv_bytes_per_token(elems), 73_728);
+        assert_eq!(f16.kv_bytes_per_token(elems), 147_456);
+        // 4 GiB hold 58254 fp8 tokens: a 262144 request is capped, a 32768 one is not
+        assert_eq!(context_cap(262_144, 73_728, 4 * GIB).unwrap(), 58_254);
+        assert_eq!(context_cap(32_768, 73_728, 4 * GIB).unwrap(), 32_768);
+        assert!(context_cap(10, 73_728, 1000).is_err());
+        assert_eq!(context_cap(10, 0, 0).unwrap(), 10);
+        // the budget is measured once, when the family asks (after its uploads)
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c = calls.clone();
+        let opts = LoadOptions {
+            max_context: 0,
+            kv_budget: Some(crate::model::registry::KvBudget::new(move || {
+                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                4 * GIB
+            })),
+            kv_elem_bytes: 1,
+        };
+        assert_eq!(opts.kv_budget.as_ref().unwrap().measured(), None);
+        assert_eq!(opts.cap_context(262_144, elems).unwrap(), 58_254);
+        assert_eq!(opts.cap_context(262_144, elems).unwrap(), 58_254);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // the log line
+        let line = context_cap_line(58_254, 262_144, 0.9, 4 * GIB, 73_728).unwrap();
+        assert_eq!(
+            line,
+            "context capped to 58254 tokens by --gpu-mem-util 0.90 (KV cache 4.00 GiB at 73728 bytes/token)"
+        );
+        assert!(context_cap_line(32_768, 32_768, 0.9, 4 * GIB, 73_728).is_none());
+    }
+
+    #[test]
+    fn golden_model_caps_its_context_to_the_budget() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/models/qwen3/hf");
+        let ckpt = Checkpoint::open(&p).unwrap();
+        let total = ckpt.total_tensor_bytes();
+        assert!(total > 0);
+        let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let s = seen.clone();
+        ckpt.set_tensor_hook(Some(Box::new(move |n| {
+            s.fetch_add(n as u64, std::sync::atomic::Ordering::SeqCst);
+        })));
+        let opts = LoadOptions {
+            max_context: 4096,
+            kv_budget: Some(crate::model::registry::KvBudget::new(|| 100_000)),
+            kv_elem_bytes: 2,
+        };
+        let m = load_model_registry(&ckpt, Arc::new(CpuBackend::new()), &opts).unwrap();
+        ckpt.set_tensor_hook(None);
+        let info = m.info();
+        assert!(info.kv_elems_per_token > 0);
+        let per = 2 * info.kv_elems_per_token as u64;
+        assert_eq!(info.max_context as u64, (100_000 / per).min(4096));
+        // the weights went past the progress hook
+        assert!(seen.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    }
 }

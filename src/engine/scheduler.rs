@@ -126,20 +126,53 @@ impl Worker {
         let vocab = self.model.info().vocab_size;
         let model_err = |e: crate::model::ModelError| EngineError::Model(e.to_string());
 
+        let mut eos: Vec<u32> = self.tokenizer.special.eos.clone();
+        eos.extend(&req.stop.stop_token_ids);
+        // EOS (and stop ids) are masked while fewer than `min_tokens` were generated.
+        let banned = |n: usize| -> &[u32] {
+            if req.stop.ignore_eos || n < req.stop.min_tokens {
+                &eos
+            } else {
+                &[]
+            }
+        };
+
         let (mut session, mut hist, keep) = self.acquire(&req.prompt);
         self.metrics.prefix(req.prompt.len(), keep);
+        // Without logprobs the session samples where its logits are (on the GPU only the token
+        // id comes back); logprobs need the host logits, so they keep the host sampler.
+        let mut on_session = match req.logprobs {
+            None => Some(
+                session
+                    .sampler(&req.sampling, &req.prompt, vocab)
+                    .map_err(model_err)?,
+            ),
+            Some(_) => None,
+        };
+        let mut sampler = Sampler::new(req.sampling.clone(), &req.prompt, vocab);
+        // The token sampled by the last `forward_sample` (session sampling).
+        let mut next: Option<u32> = None;
+        let mut row: Vec<f32> = Vec::new();
         let t = Instant::now();
-        let logits = session
-            .forward(&req.prompt[keep..], false)
-            .map_err(model_err)?;
+        match on_session.as_deref_mut() {
+            Some(s) => {
+                next = Some(
+                    session
+                        .forward_sample(&req.prompt[keep..], s, banned(0))
+                        .map_err(model_err)?,
+                );
+            }
+            None => {
+                let logits = session
+                    .forward(&req.prompt[keep..], false)
+                    .map_err(model_err)?;
+                row = logits.last().to_vec();
+            }
+        }
         self.metrics
             .prefill(req.prompt.len() - keep, t.elapsed().as_nanos() as u64);
         hist.extend_from_slice(&req.prompt[keep..]);
-        let mut row = logits.last().to_vec();
 
-        let mut eos: Vec<u32> = self.tokenizer.special.eos.clone();
-        eos.extend(&req.stop.stop_token_ids);
-        let mut sampler = Sampler::new(req.sampling.clone(), &req.prompt, vocab);
         let mut detok = StreamDecoder::new(&self.tokenizer, self.cfg.skip_special);
         let mut stops = StopMatcher::new(req.stop.stop_strings.clone());
         let mut think = req.think_budget.as_ref().map(|b| ThinkState {
@@ -176,18 +209,29 @@ impl Worker {
             }
             let n = usage.completion_tokens;
             let forced = think.as_mut().and_then(|t| t.forced.pop());
-            let (id, lp) = match forced {
-                Some(id) => (id, None),
-                None => {
-                    let masked: &[u32] = if req.stop.ignore_eos || n < req.stop.min_tokens {
-                        &eos
-                    } else {
-                        &[]
-                    };
-                    sampler.sample(&mut row, masked, req.logprobs)
+            let (id, lp) = match (forced, on_session.as_deref_mut()) {
+                (Some(id), Some(s)) => {
+                    s.accept(id).map_err(model_err)?;
+                    (id, None)
+                }
+                (Some(id), None) => {
+                    sampler.accept(id);
+                    (id, None)
+                }
+                (None, Some(_)) => match next.take() {
+                    Some(id) => (id, None),
+                    None => {
+                        return Err(EngineError::Model(
+                            "no token was sampled by the last forward pass".into(),
+                        ))
+                    }
+                },
+                (None, None) => {
+                    let (id, lp) = sampler.sample(&mut row, banned(n), req.logprobs);
+                    sampler.accept(id);
+                    (id, lp)
                 }
             };
-            sampler.accept(id);
             usage.completion_tokens += 1;
             if let (Some(st), Some(b)) = (think.as_mut(), req.think_budget.as_ref()) {
                 st.observe(id, b, forced.is_some());
@@ -236,19 +280,34 @@ impl Worker {
                 let text = flush(&mut detok, &mut stops);
                 return finish(self, FinishReason::ContextFull, text, session, hist, usage);
             }
+            // A forced token is next: sample nothing now (the random stream and the penalty
+            // history advance exactly as on the host path).
+            let next_forced = think.as_ref().is_some_and(|t| !t.forced.is_empty());
             let t = Instant::now();
-            let logits = session.forward(&[id], false).map_err(model_err)?;
+            match on_session.as_deref_mut() {
+                Some(s) if !next_forced => {
+                    let n = usage.completion_tokens;
+                    next = Some(
+                        session
+                            .forward_sample(&[id], s, banned(n))
+                            .map_err(model_err)?,
+                    );
+                }
+                _ => {
+                    let logits = session.forward(&[id], false).map_err(model_err)?;
+                    row.clear();
+                    row.extend_from_slice(logits.last());
+                    if row.len() != vocab {
+                        return Err(EngineError::Model(format!(
+                            "model returned {} logits for a vocabulary of {vocab}",
+                            row.len()
+                        )));
+                    }
+                }
+            }
             self.metrics.decode(1, t.elapsed().as_nanos() as u64);
             hist.push(id);
             self.metrics.kv(hist.len(), max_ctx);
-            row.clear();
-            row.extend_from_slice(logits.last());
-            if row.len() != vocab {
-                return Err(EngineError::Model(format!(
-                    "model returned {} logits for a vocabulary of {vocab}",
-                    row.len()
-                )));
-            }
         }
     }
 }

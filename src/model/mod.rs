@@ -13,7 +13,11 @@ pub mod qwen3;
 pub mod qwen35;
 pub mod registry;
 
+use std::any::Any;
 use std::sync::Arc;
+
+use crate::backend::Backend;
+use crate::engine::{Sampler, SamplingParams};
 
 /// Static facts about a loaded model the layers above need.
 #[derive(Debug, Clone)]
@@ -24,6 +28,9 @@ pub struct ModelInfo {
     pub hidden_size: usize,
     /// Longest sequence a session can hold (after any memory cap).
     pub max_context: usize,
+    /// K and V elements one cached token takes over all layers (0 when unknown); times the
+    /// backend's KV element size, the KV bytes per token.
+    pub kv_elems_per_token: usize,
 }
 
 /// Logits for one or more positions, row-major `[rows, vocab]`.
@@ -78,4 +85,125 @@ pub trait Session: Send {
     /// Keep only the first `n` tokens. Attention-only models rewind exactly; models with
     /// recurrent state may refuse (`ModelError::Rewind`), and the caller re-prefills.
     fn rewind(&mut self, n: usize) -> Result<(), ModelError>;
+
+    /// A sampler for one generation over a vocabulary of `vocab` (`prompt`: the tokens the
+    /// repetition penalty counts as observed). Sessions on a backend return one that lives on the
+    /// backend (`BackendSampler`); the default samples on the host.
+    fn sampler(
+        &self,
+        params: &SamplingParams,
+        prompt: &[u32],
+        vocab: usize,
+    ) -> Result<Box<dyn TokenSampler>, ModelError> {
+        Ok(Box::new(HostSampler(Sampler::new(
+            params.clone(),
+            prompt,
+            vocab,
+        ))))
+    }
+
+    /// Append `tokens` and sample the next token with `sampler` (made by [`Session::sampler`]);
+    /// `banned` ids are never chosen. The sampled id is recorded by the sampler. Default: the
+    /// host path (`forward`, then the sampler on the host logits).
+    fn forward_sample(
+        &mut self,
+        tokens: &[u32],
+        sampler: &mut dyn TokenSampler,
+        banned: &[u32],
+    ) -> Result<u32, ModelError> {
+        host_forward_sample(self, tokens, sampler, banned)
+    }
+}
+
+/// `forward` plus the sampler on the host copy of the last logits row.
+pub fn host_forward_sample<S: Session + ?Sized>(
+    session: &mut S,
+    tokens: &[u32],
+    sampler: &mut dyn TokenSampler,
+    banned: &[u32],
+) -> Result<u32, ModelError> {
+    let logits = session.forward(tokens, false)?;
+    if logits.rows == 0 {
+        return Err(ModelError::Other("the model returned no logits".into()));
+    }
+    let mut row = logits.last().to_vec();
+    sampler.sample_host(&mut row, banned)
+}
+
+/// One generation's sampler, made by [`Session::sampler`]. A sampled token is recorded by the
+/// call that sampled it; `accept` records a token chosen elsewhere (forced).
+pub trait TokenSampler: Send {
+    /// Record `id` as generated without sampling it.
+    fn accept(&mut self, id: u32) -> Result<(), ModelError>;
+    /// Sample from host logits (modified in place: penalties, bans) and record the id.
+    fn sample_host(&mut self, logits: &mut [f32], banned: &[u32]) -> Result<u32, ModelError>;
+    /// For sessions to recognise their own backend's sampler.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// The engine's CPU sampler as a [`TokenSampler`].
+pub struct HostSampler(pub Sampler);
+
+impl TokenSampler for HostSampler {
+    fn accept(&mut self, id: u32) -> Result<(), ModelError> {
+        self.0.accept(id);
+        Ok(())
+    }
+    fn sample_host(&mut self, logits: &mut [f32], banned: &[u32]) -> Result<u32, ModelError> {
+        if logits.is_empty() {
+            return Err(ModelError::Other("sampling from empty logits".into()));
+        }
+        let (id, _) = self.0.sample(logits, banned, None);
+        self.0.accept(id);
+        Ok(id)
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// A sampler whose state lives on backend `B` (`Backend::SamplerState`): the history of
+/// observed tokens stays where the logits are, and only sampled ids come back.
+pub struct BackendSampler<B: Backend> {
+    backend: Arc<B>,
+    state: B::SamplerState,
+}
+
+impl<B: Backend> BackendSampler<B> {
+    pub fn new(
+        backend: Arc<B>,
+        params: &SamplingParams,
+        prompt: &[u32],
+        vocab: usize,
+    ) -> Result<Self, ModelError> {
+        let state = backend
+            .sampler_new(params, prompt, vocab)
+            .map_err(|e| ModelError::Other(e.to_string()))?;
+        Ok(Self { backend, state })
+    }
+
+    /// Sample from the last row of a logits tensor on the backend (consumed).
+    pub fn sample(&mut self, logits: B::Tensor, banned: &[u32]) -> Result<u32, ModelError> {
+        self.backend
+            .sample(logits, &mut self.state, banned)
+            .map_err(|e| ModelError::Other(e.to_string()))
+    }
+}
+
+impl<B: Backend> TokenSampler for BackendSampler<B> {
+    fn accept(&mut self, id: u32) -> Result<(), ModelError> {
+        self.backend
+            .sampler_accept(&mut self.state, id)
+            .map_err(|e| ModelError::Other(e.to_string()))
+    }
+    fn sample_host(&mut self, logits: &mut [f32], banned: &[u32]) -> Result<u32, ModelError> {
+        let t = self
+            .backend
+            .tensor(logits, 1, logits.len())
+            .map_err(|e| ModelError::Other(e.to_string()))?;
+        self.sample(t, banned)
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
 }

@@ -14,6 +14,79 @@ use crate::weights::{Checkpoint, TensorRef};
 pub struct LoadOptions {
     /// Longest sequence a session may hold; 0 = the model's own maximum.
     pub max_context: usize,
+    /// Bytes one session's KV cache may take, asked once the weights are uploaded (None = no
+    /// cap): each family caps its context with [`LoadOptions::cap_context`].
+    pub kv_budget: Option<KvBudget>,
+    /// Bytes of one cached K or V element on the backend (FP8: 1, F16: 2; 0 counts as 4).
+    pub kv_elem_bytes: usize,
+}
+
+/// A KV byte budget measured when asked (after the weights are on the device); the first
+/// answer is kept and can be read back for the log line.
+#[derive(Clone)]
+pub struct KvBudget {
+    measure: Arc<dyn Fn() -> u64 + Send + Sync>,
+    value: Arc<std::sync::OnceLock<u64>>,
+}
+
+impl KvBudget {
+    pub fn new(measure: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
+        Self {
+            measure: Arc::new(measure),
+            value: Arc::new(std::sync::OnceLock::new()),
+        }
+    }
+    /// The budget in bytes (measured on the first call).
+    pub fn bytes(&self) -> u64 {
+        *self.value.get_or_init(|| (self.measure)())
+    }
+    /// The budget if it was measured.
+    pub fn measured(&self) -> Option<u64> {
+        self.value.get().copied()
+    }
+}
+
+impl std::fmt::Debug for KvBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KvBudget({:?})", self.measured())
+    }
+}
+
+impl LoadOptions {
+    /// KV bytes one token takes for a model with `kv_elems_per_token`.
+    pub fn kv_bytes_per_token(&self, kv_elems_per_token: usize) -> u64 {
+        let e = if self.kv_elem_bytes == 0 {
+            4
+        } else {
+            self.kv_elem_bytes
+        };
+        (kv_elems_per_token as u64).saturating_mul(e as u64)
+    }
+
+    /// The context a model may allocate: `own` (its limit after `max_context`), capped by the
+    /// KV budget (measured now: call it after the weights are uploaded).
+    pub fn cap_context(&self, own: usize, kv_elems_per_token: usize) -> Result<usize, ModelError> {
+        match &self.kv_budget {
+            None => Ok(own),
+            Some(b) => context_cap(own, self.kv_bytes_per_token(kv_elems_per_token), b.bytes()),
+        }
+    }
+}
+
+/// `own` capped to the tokens `budget` bytes hold at `per_token` bytes each; an error when not
+/// even one token fits (`per_token == 0`: no cap).
+pub fn context_cap(own: usize, per_token: u64, budget: u64) -> Result<usize, ModelError> {
+    if per_token == 0 {
+        return Ok(own);
+    }
+    let fits = usize::try_from(budget / per_token).unwrap_or(usize::MAX);
+    if fits == 0 {
+        return Err(ModelError::Other(format!(
+            "the KV cache budget of {budget} bytes does not hold one token ({per_token} bytes \
+             per token): raise --gpu-mem-util, use --kv-type fp8 or a smaller model"
+        )));
+    }
+    Ok(own.min(fits))
 }
 
 /// Architectures `load_model` can build today as stand-alone causal LMs. The others are

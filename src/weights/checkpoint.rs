@@ -15,6 +15,20 @@ pub struct Checkpoint {
     source: Source,
     dir: PathBuf,
     config: Option<serde_json::Value>,
+    hook: TensorHook,
+}
+
+/// Called with the data bytes of every tensor `Checkpoint::tensor` hands out (what a loading
+/// progress bar counts; backend-independent).
+#[derive(Default)]
+struct TensorHook(std::sync::Mutex<Option<HookFn>>);
+
+pub type HookFn = Box<dyn Fn(usize) + Send + Sync>;
+
+impl std::fmt::Debug for TensorHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TensorHook")
+    }
 }
 
 #[derive(Debug)]
@@ -64,6 +78,7 @@ impl Checkpoint {
                     source: Source::Gguf { parts, index },
                     dir,
                     config: None,
+                    hook: TensorHook::default(),
                 })
             }
             Resolved::Safetensors { files, index, dir } => {
@@ -73,6 +88,7 @@ impl Checkpoint {
                     source: Source::St(store),
                     dir,
                     config,
+                    hook: TensorHook::default(),
                 })
             }
         }
@@ -80,6 +96,33 @@ impl Checkpoint {
 
     /// The tensor `name` with its scale siblings attached (safetensors) or its GGML blocks.
     pub fn tensor(&self, name: &str) -> Result<TensorRef<'_>, WeightsError> {
+        let t = self.tensor_unhooked(name)?;
+        if let Ok(h) = self.hook.0.lock() {
+            if let Some(f) = h.as_ref() {
+                f(t.data.len());
+            }
+        }
+        Ok(t)
+    }
+
+    /// Install (or clear) a function called with the data bytes of every tensor handed out from
+    /// now on (the model loaders fetch each weight once to upload it: a loading progress bar).
+    pub fn set_tensor_hook(&self, hook: Option<HookFn>) {
+        if let Ok(mut h) = self.hook.0.lock() {
+            *h = hook;
+        }
+    }
+
+    /// Data bytes of every tensor (what loading reads; the total of a progress bar).
+    pub fn total_tensor_bytes(&self) -> u64 {
+        self.tensor_names()
+            .iter()
+            .filter_map(|n| self.tensor_unhooked(n).ok())
+            .map(|t| t.data.len() as u64)
+            .sum()
+    }
+
+    fn tensor_unhooked(&self, name: &str) -> Result<TensorRef<'_>, WeightsError> {
         match &self.source {
             Source::Gguf { parts, index } => index
                 .get(name)

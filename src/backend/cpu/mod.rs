@@ -117,6 +117,7 @@ impl Backend for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
     type KvCache = CpuKvCache;
+    type SamplerState = crate::engine::Sampler;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -515,5 +516,41 @@ impl Backend for CpuBackend {
         dv: usize,
     ) -> Result<CpuTensor> {
         gdn::gated_delta_rule(q, k, v, g, beta, state, dk, dv)
+    }
+
+    fn sampler_new(
+        &self,
+        params: &crate::engine::SamplingParams,
+        prompt: &[u32],
+        vocab: usize,
+    ) -> Result<crate::engine::Sampler> {
+        if vocab == 0 {
+            return Err(shape_err("sampler_new", "empty vocabulary".into()));
+        }
+        Ok(crate::engine::Sampler::new(params.clone(), prompt, vocab))
+    }
+
+    fn sampler_accept(&self, state: &mut crate::engine::Sampler, id: u32) -> Result<()> {
+        state.accept(id);
+        Ok(())
+    }
+
+    fn sample(
+        &self,
+        logits: CpuTensor,
+        state: &mut crate::engine::Sampler,
+        banned: &[u32],
+    ) -> Result<u32> {
+        if logits.rows == 0 || logits.cols == 0 {
+            return Err(shape_err(
+                "sample",
+                format!("logits [{}, {}]", logits.rows, logits.cols),
+            ));
+        }
+        let mut data = logits.data;
+        let row = &mut data[(logits.rows - 1) * logits.cols..];
+        let (id, _) = state.sample(row, banned, None);
+        state.accept(id);
+        Ok(id)
     }
 }

@@ -21,6 +21,7 @@ mod launch_moe;
 pub mod moe;
 mod moe_prefill;
 mod probe;
+mod sampler;
 pub mod types;
 
 pub use backend::CudaBackend;
@@ -34,6 +35,7 @@ pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
 pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, NormWeightPtr};
 pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
 pub use probe::cuda_available;
+pub use sampler::{kernel_params, CudaSamplerState, MAX_BANNED};
 pub use types::{GpuKvCache, GpuTensor, GpuWeight, KvType, WeightView};
 
 pub use cudarc::driver::{CudaSlice, CudaView};

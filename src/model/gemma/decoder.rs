@@ -17,7 +17,11 @@ use super::layers::{GemmaWeights, Layer};
 use super::spec::{GemmaSpec, NormForm};
 use super::weights::me;
 use crate::backend::{Activation, AttnParams, Backend, KvShape, Norm};
-use crate::model::{CausalLm, Logits, ModelError, ModelInfo, Session};
+use crate::engine::SamplingParams;
+use crate::model::{
+    host_forward_sample, BackendSampler, CausalLm, Logits, ModelError, ModelInfo, Session,
+    TokenSampler,
+};
 
 pub struct GemmaModel<B: Backend> {
     pub spec: GemmaSpec,
@@ -33,6 +37,7 @@ impl<B: Backend> GemmaModel<B> {
             vocab_size: spec.vocab,
             hidden_size: spec.hidden,
             max_context: spec.max_context,
+            kv_elems_per_token: spec.kv_elems_per_token(),
         };
         GemmaModel {
             spec,
@@ -259,16 +264,23 @@ impl<B: Backend> GemmaModel<B> {
     /// Logits of the rows of `h` (`[n, hidden]`), soft-capped if the model says so.
     pub fn logits(&self, h: &B::Tensor) -> Result<Logits, ModelError> {
         let be = &*self.backend;
-        let mut l = be.linear(h, self.weights.head()).map_err(me)?;
-        if let Some(cap) = self.spec.final_softcap {
-            l = be.softcap(&l, cap).map_err(me)?;
-        }
+        let l = self.logits_tensor(h)?;
         let (rows, vocab) = be.dims(&l);
         Ok(Logits {
             rows,
             vocab,
             data: be.to_host(&l).map_err(me)?,
         })
+    }
+
+    /// [`Self::logits`] left on the backend.
+    pub fn logits_tensor(&self, h: &B::Tensor) -> Result<B::Tensor, ModelError> {
+        let be = &*self.backend;
+        let mut l = be.linear(h, self.weights.head()).map_err(me)?;
+        if let Some(cap) = self.spec.final_softcap {
+            l = be.softcap(&l, cap).map_err(me)?;
+        }
+        Ok(l)
     }
 
     /// The last row of `h` as its own tensor.
@@ -329,8 +341,14 @@ impl<B: Backend> GemmaSession<B> {
     }
 }
 
-impl<B: Backend> Session for GemmaSession<B> {
-    fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Logits, ModelError> {
+impl<B: Backend> GemmaSession<B> {
+    /// Checks, the layers over `tokens`, then `finish` on the final hidden states and their last
+    /// row; a failure drops whatever the step wrote, so the session stays usable.
+    fn step<T>(
+        &mut self,
+        tokens: &[u32],
+        finish: impl FnOnce(&GemmaModel<B>, &B::Tensor, &B::Tensor) -> Result<T, ModelError>,
+    ) -> Result<T, ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::Empty);
         }
@@ -349,26 +367,67 @@ impl<B: Backend> Session for GemmaSession<B> {
                 max: m.spec.max_context,
             });
         }
-        let run = |s: &mut Self| -> Result<(Logits, B::Tensor), ModelError> {
+        let run = |s: &mut Self| -> Result<(T, B::Tensor), ModelError> {
             let h = m.hidden_states(tokens, s.len, &mut s.caches)?;
             let last = m.last_row(&h)?;
-            let logits = if all { m.logits(&h)? } else { m.logits(&last)? };
-            Ok((logits, last))
+            Ok((finish(m, &h, &last)?, last))
         };
         match run(self) {
-            Ok((logits, last)) => {
+            Ok((out, last)) => {
                 self.hidden = Some(last);
                 self.len = end;
-                Ok(logits)
+                Ok(out)
             }
             Err(e) => {
-                // Drop whatever the failed step wrote, so the session stays usable.
                 let keep = self.len;
                 for c in self.caches.iter_mut().flatten() {
                     let _ = self.model.backend.kv_truncate(c, keep);
                 }
                 Err(e)
             }
+        }
+    }
+}
+
+impl<B: Backend> Session for GemmaSession<B> {
+    fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Logits, ModelError> {
+        self.step(
+            tokens,
+            |m, h, last| {
+                if all {
+                    m.logits(h)
+                } else {
+                    m.logits(last)
+                }
+            },
+        )
+    }
+
+    fn sampler(
+        &self,
+        params: &SamplingParams,
+        prompt: &[u32],
+        vocab: usize,
+    ) -> Result<Box<dyn TokenSampler>, ModelError> {
+        Ok(Box::new(BackendSampler::new(
+            self.model.backend.clone(),
+            params,
+            prompt,
+            vocab,
+        )?))
+    }
+
+    fn forward_sample(
+        &mut self,
+        tokens: &[u32],
+        sampler: &mut dyn TokenSampler,
+        banned: &[u32],
+    ) -> Result<u32, ModelError> {
+        match sampler.as_any_mut().downcast_mut::<BackendSampler<B>>() {
+            Some(s) => self.step(tokens, |m, _, last| {
+                s.sample(m.logits_tensor(last)?, banned)
+            }),
+            None => host_forward_sample(self, tokens, sampler, banned),
         }
     }
 

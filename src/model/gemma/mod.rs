@@ -32,4 +32,22 @@ pub fn build<B: Backend>(
     let weights = layers::GemmaWeights::load(&ld, &spec)?;
     Ok(Arc::new(GemmaModel::new(spec, weights, backend)))
 }
+
+/// [`build`], then the context capped by `opts`' KV budget (measured after the weights are
+/// uploaded).
+pub fn build_with<B: Backend>(
+    ckpt: &Checkpoint,
+    mut spec: GemmaSpec,
+    backend: Arc<B>,
+    opts: &crate::model::registry::LoadOptions,
+) -> Result<Arc<GemmaModel<B>>, ModelError> {
+    let ld = weights::Loader {
+        ckpt,
+        backend: &*backend,
+        naming: spec.naming.clone(),
+    };
+    let weights = layers::GemmaWeights::load(&ld, &spec)?;
+    spec.max_context = opts.cap_context(spec.max_context, spec.kv_elems_per_token())?;
+    Ok(Arc::new(GemmaModel::new(spec, weights, backend)))
+}
 pub use spec::{GemmaSpec, LayerSpec, MoeSpec, Naming, NormForm};

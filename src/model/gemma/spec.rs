@@ -84,6 +84,15 @@ impl GemmaSpec {
         self.layers.len()
     }
 
+    /// K and V elements one token occupies over the layers that own a cache.
+    pub fn kv_elems_per_token(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| l.kv_source.is_none())
+            .map(|l| 2 * l.n_kv_heads * l.head_dim)
+            .sum()
+    }
+
     /// Basic consistency checks, so a malformed config fails at load with a message.
     pub fn validate(&self) -> Result<(), ModelError> {
         let bad = |m: String| Err(ModelError::Other(format!("{} config: {m}", self.arch)));

@@ -30,7 +30,7 @@ use crate::model::gemma::spec::{
     NormForm,
 };
 use crate::model::gemma::weights::{global_name, layer_name, me};
-use crate::model::gemma::{build, decoder::GemmaModel};
+use crate::model::gemma::{build_with, decoder::GemmaModel};
 use crate::model::registry::LoadOptions;
 use crate::model::{CausalLm, ModelError};
 use crate::weights::Checkpoint;
@@ -54,7 +54,7 @@ pub fn load_model<B: Backend>(
     backend: Arc<B>,
     opts: &LoadOptions,
 ) -> Result<Arc<GemmaModel<B>>, ModelError> {
-    build(ckpt, spec(ckpt, det, opts.max_context)?, backend)
+    build_with(ckpt, spec(ckpt, det, opts.max_context)?, backend, opts)
 }
 
 pub fn naming(det: &Detected) -> Naming {

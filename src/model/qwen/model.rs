@@ -5,12 +5,16 @@ use std::sync::Arc;
 
 use crate::backend::{Activation, AttnParams, Backend, KvShape, MoeParams, Rope};
 use crate::bk;
+use crate::engine::SamplingParams;
 use crate::model::common::source::BankSource;
 use crate::model::common::{
     expert_bank, AttentionLayer, Dense, GateUp, MoeBlock, NormW, Qkv, WeightSource,
 };
 use crate::model::registry::LoadOptions;
-use crate::model::{CausalLm, Logits, ModelError, ModelInfo, Session};
+use crate::model::{
+    host_forward_sample, BackendSampler, CausalLm, Logits, ModelError, ModelInfo, Session,
+    TokenSampler,
+};
 use crate::ops::RopeLayout;
 
 use super::config::{Mixer, QwenConfig};
@@ -172,11 +176,20 @@ impl<B: Backend> QwenModel<B> {
         } else {
             cfg.max_pos
         };
+        let kv_elems_per_token = layers
+            .iter()
+            .filter(|l| matches!(l.mixer, MixerW::Attn(_)))
+            .count()
+            * 2
+            * cfg.n_kv_heads
+            * cfg.head_dim;
+        let max_context = opts.cap_context(max_context, kv_elems_per_token)?;
         let info = ModelInfo {
             arch: cfg.variant.name().into(),
             vocab_size: vocab,
             hidden_size: hidden,
             max_context,
+            kv_elems_per_token,
         };
         Ok(Arc::new(QwenModel {
             be: backend,
@@ -359,7 +372,8 @@ impl<B: Backend> CausalLm for QwenModel<B> {
 }
 
 impl<B: Backend> QwenSession<B> {
-    fn run(&mut self, tokens: &[u32], all: bool) -> R<Logits> {
+    /// The forward pass; returns the logits tensor (last row, or every row when `all`).
+    fn run(&mut self, tokens: &[u32], all: bool) -> R<B::Tensor> {
         let m = &*self.model;
         let be = &*m.be;
         if self.states.is_none() {
@@ -395,15 +409,17 @@ impl<B: Backend> QwenSession<B> {
             bk!(be.slice_rows(&h, n - 1, 1))?
         };
         let h = m.norm.apply(be, &h)?;
-        let logits = bk!(be.linear(&h, m.lm_head.as_ref().unwrap_or(&m.embed)))?;
-        let (rows, vocab) = be.dims(&logits);
-        let data = bk!(be.to_host(&logits))?;
-        Ok(Logits { rows, vocab, data })
+        Ok(bk!(be.linear(&h, m.lm_head.as_ref().unwrap_or(&m.embed)))?)
     }
-}
 
-impl<B: Backend> Session for QwenSession<B> {
-    fn forward(&mut self, tokens: &[u32], all: bool) -> R<Logits> {
+    /// Checks, the forward pass, then `finish` on its logits; a failure marks the session
+    /// broken.
+    fn step<T>(
+        &mut self,
+        tokens: &[u32],
+        all: bool,
+        finish: impl FnOnce(&B, B::Tensor) -> R<T>,
+    ) -> R<T> {
         if self.broken {
             return Err(ModelError::Other(
                 "session state is invalid after a failed step; rewind to 0".into(),
@@ -423,15 +439,52 @@ impl<B: Backend> Session for QwenSession<B> {
                 max,
             });
         }
-        match self.run(tokens, all) {
-            Ok(l) => {
+        let model = Arc::clone(&self.model);
+        match self.run(tokens, all).and_then(|l| finish(&model.be, l)) {
+            Ok(v) => {
                 self.len += tokens.len();
-                Ok(l)
+                Ok(v)
             }
             Err(e) => {
                 self.broken = true;
                 Err(e)
             }
+        }
+    }
+}
+
+impl<B: Backend> Session for QwenSession<B> {
+    fn forward(&mut self, tokens: &[u32], all: bool) -> R<Logits> {
+        self.step(tokens, all, |be, logits| {
+            let (rows, vocab) = be.dims(&logits);
+            let data = bk!(be.to_host(&logits))?;
+            Ok(Logits { rows, vocab, data })
+        })
+    }
+
+    fn sampler(
+        &self,
+        params: &SamplingParams,
+        prompt: &[u32],
+        vocab: usize,
+    ) -> R<Box<dyn TokenSampler>> {
+        Ok(Box::new(BackendSampler::new(
+            self.model.be.clone(),
+            params,
+            prompt,
+            vocab,
+        )?))
+    }
+
+    fn forward_sample(
+        &mut self,
+        tokens: &[u32],
+        sampler: &mut dyn TokenSampler,
+        banned: &[u32],
+    ) -> R<u32> {
+        match sampler.as_any_mut().downcast_mut::<BackendSampler<B>>() {
+            Some(s) => self.step(tokens, false, |_, logits| s.sample(logits, banned)),
+            None => host_forward_sample(self, tokens, sampler, banned),
         }
     }
 

@@ -12,6 +12,7 @@ mod glu;
 mod kv_write;
 mod l2_norm;
 mod moe;
+mod penalties;
 mod read_bw;
 mod rmsnorm;
 mod rope;
@@ -35,6 +36,7 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &attn_prefill::AttnPrefillCheck,
         &kv_write::KvWriteCheck,
         &sample::SampleCheck,
+        &penalties::PenaltiesCheck,
         &read_bw::ReadBwCheck,
         &convert::ConvertCheck,
         &embed::EmbedCheck,

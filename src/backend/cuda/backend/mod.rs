@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::buf::{read_ptr, DevBuf, Pool, PoolStats};
 use super::error::CudaError;
 use super::graph::StepGraph;
+use crate::backend::cuda::CudaSamplerState;
 use super::launch_ptr::Kern;
 use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
 use super::CudaDevice;
@@ -137,6 +138,24 @@ impl Backend for CudaBackend {
     type Tensor = GpuTensor;
     type Weight = GpuWeight;
     type KvCache = GpuKvCache;
+    type SamplerState = CudaSamplerState;
+
+    fn sampler_new(
+        &self,
+        params: &crate::engine::SamplingParams,
+        prompt: &[u32],
+        vocab: usize,
+    ) -> Result<CudaSamplerState> {
+        self.sampler_new_impl(params, prompt, vocab)
+    }
+
+    fn sampler_accept(&self, state: &mut CudaSamplerState, id: u32) -> Result<()> {
+        self.sampler_accept_impl(state, id)
+    }
+
+    fn sample(&self, logits: GpuTensor, state: &mut CudaSamplerState, banned: &[u32]) -> Result<u32> {
+        self.sample_impl(logits, state, banned)
+    }
 
     fn record_begin(&self) -> Result<bool> {
         if std::env::var_os("FUCINA_NO_GRAPHS").is_some() {

@@ -1,0 +1,393 @@
+//! Sampling on the device: the `Backend` sampler ops of [`CudaBackend`] and the typed launches of
+//! the `penalties` kernels they use.
+//!
+//! One sampling step, all on the stream (capturable: no allocation, no host copy):
+//! `penalties` (when a penalty is on) -> `penalties__ban` (when ids are banned) -> `sample` ->
+//! `penalties__count` (when a penalty is on: count[sampled] += 1, read from device memory). Only
+//! the sampled id (4 bytes) comes back. The token-count history stays on the device for the whole
+//! generation; the banned ids are uploaded only when the set changes (at most twice a request:
+//! `min_tokens`).
+//!
+//! Semantics: the penalties and bans are `engine::Sampler`'s, bit for bit (`ops::penalties`);
+//! the draw is the `sample` kernel's (`ops::sample`: same filters as the CPU sampler, its own
+//! counter-based random stream). Greedy is the argmax, lowest id on ties, as on the CPU.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::backend::CudaBackend;
+use super::buf::{read_ptr, DevBuf, DevPtr};
+use super::error::{drv, CudaError};
+use super::types::GpuTensor;
+use super::CudaDevice;
+use crate::backend::BackendError;
+use crate::engine::SamplingParams;
+use crate::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
+use crate::ops::penalties::{initial_counts, Penalties};
+use crate::ops::sample::SampleParams;
+
+/// Most banned ids per step (EOS and stop ids); more is an error.
+pub const MAX_BANNED: usize = 256;
+
+/// One sequence's sampler on the device.
+#[derive(Debug)]
+pub struct CudaSamplerState {
+    vocab: usize,
+    penalties: Penalties,
+    /// `SampleParams` x 1.
+    params: DevBuf,
+    /// The random stream's position (u32 x 1), advanced by the kernel.
+    counter: DevBuf,
+    /// The sampled id (i32 x 1).
+    out: DevBuf,
+    /// Token counts (u32 x vocab, `ops::penalties` layout) when a penalty is on.
+    counts: Option<DevBuf>,
+    /// Banned ids (i32 x MAX_BANNED) and the set last uploaded.
+    banned: DevBuf,
+    banned_now: Vec<u32>,
+}
+
+fn be_err(e: CudaError) -> BackendError {
+    BackendError::Device(e.to_string())
+}
+
+fn invalid(op: &'static str, detail: String) -> CudaError {
+    CudaError::Invalid { op, detail }
+}
+
+/// The kernel parameters of `p` (CPU-sampler conventions mapped onto the kernel's: top-p <= 0
+/// and top-k beyond i32 mean off there too).
+pub fn kernel_params(p: &SamplingParams, seed: u64) -> SampleParams {
+    SampleParams {
+        temperature: if p.temperature.is_nan() {
+            0.0
+        } else {
+            p.temperature
+        },
+        top_k: i32::try_from(p.top_k).unwrap_or(0),
+        top_p: if p.top_p > 0.0 && p.top_p < 1.0 {
+            p.top_p
+        } else {
+            1.0
+        },
+        min_p: p.min_p,
+        seed,
+    }
+}
+
+impl CudaBackend {
+    fn resolve_f32(&self, op: Op) -> Result<&'static KernelSpec, CudaError> {
+        self.dev
+            .resolve(op, Quant::F32, HeadDim::Any, BatchBucket::Any)
+    }
+
+    /// `Backend::sampler_new`.
+    pub fn sampler_new_impl(
+        &self,
+        params: &SamplingParams,
+        prompt: &[u32],
+        vocab: usize,
+    ) -> Result<CudaSamplerState, BackendError> {
+        if vocab == 0 || i32::try_from(vocab).is_err() {
+            return Err(BackendError::Shape {
+                op: "sampler_new",
+                detail: format!("vocabulary of {vocab}"),
+            });
+        }
+        let seed = params.seed.unwrap_or_else(rand::random);
+        let penalties = Penalties {
+            repetition: params.repetition_penalty,
+            presence: params.presence_penalty,
+            frequency: params.frequency_penalty,
+        };
+        let kp = kernel_params(params, seed);
+        let mk = || -> Result<CudaSamplerState, CudaError> {
+            let counts = if penalties.active() {
+                Some(
+                    self.pool
+                        .upload_persistent(&initial_counts(prompt, vocab, &penalties))?,
+                )
+            } else {
+                None
+            };
+            Ok(CudaSamplerState {
+                vocab,
+                penalties,
+                params: self.pool.upload_persistent(std::slice::from_ref(&kp))?,
+                counter: self.pool.upload_persistent(&[0u32])?,
+                out: self.pool.upload_persistent(&[0i32])?,
+                counts,
+                banned: self.pool.alloc_persistent(MAX_BANNED * 4)?,
+                banned_now: Vec::new(),
+            })
+        };
+        mk().map_err(be_err)
+    }
+
+    /// `Backend::sampler_accept`: a forced token counts as generated (on the device).
+    pub fn sampler_accept_impl(
+        &self,
+        st: &mut CudaSamplerState,
+        id: u32,
+    ) -> Result<(), BackendError> {
+        let Some(counts) = &st.counts else {
+            return Ok(());
+        };
+        let spec = self.resolve_f32(Op::Penalties).map_err(be_err)?;
+        let id = i32::try_from(id).unwrap_or(-1);
+        self.dev
+            .penalties_count(spec, DevPtr::null(), id, counts.ptr::<u32>())
+            .map_err(be_err)
+    }
+
+    /// `Backend::sample`: penalties, bans and the draw on the last row of `logits`; returns the
+    /// id (the only device -> host copy).
+    pub fn sample_impl(
+        &self,
+        logits: GpuTensor,
+        st: &mut CudaSamplerState,
+        banned: &[u32],
+    ) -> Result<u32, BackendError> {
+        if logits.rows == 0 || logits.cols != st.vocab {
+            return Err(BackendError::Shape {
+                op: "sample",
+                detail: format!(
+                    "logits [{}, {}] for a sampler over {} tokens",
+                    logits.rows, logits.cols, st.vocab
+                ),
+            });
+        }
+        if banned.len() > MAX_BANNED {
+            return Err(BackendError::Shape {
+                op: "sample",
+                detail: format!("{} banned ids (at most {MAX_BANNED})", banned.len()),
+            });
+        }
+        let run = |st: &mut CudaSamplerState| -> Result<u32, CudaError> {
+            let row = logits
+                .ptr()
+                .slice((logits.rows - 1) * st.vocab, st.vocab)
+                .ok_or_else(|| invalid("sample", "logits shorter than rows x cols".into()))?;
+            let pen = self.resolve_f32(Op::Penalties)?;
+            if let Some(counts) = &st.counts {
+                self.dev
+                    .penalties(pen, row, counts.ptr::<u32>(), &st.penalties)?;
+            }
+            if !banned.is_empty() {
+                if st.banned_now != banned {
+                    let ids: Vec<i32> = banned
+                        .iter()
+                        .map(|&b| i32::try_from(b).unwrap_or(-1))
+                        .collect();
+                    st.banned.write(&ids)?;
+                    st.banned_now = banned.to_vec();
+                }
+                let ids = st
+                    .banned
+                    .ptr::<i32>()
+                    .slice(0, banned.len())
+                    .ok_or_else(|| invalid("sample", "banned buffer too small".into()))?;
+                self.dev.penalties_ban(pen, row, ids)?;
+            }
+            let spec = self.resolve_f32(Op::Sample)?;
+            let out = st.out.ptr::<i32>();
+            self.dev.sample_ptr(
+                spec,
+                row,
+                st.vocab,
+                st.params.ptr::<SampleParams>(),
+                st.counter.ptr::<u32>(),
+                out,
+            )?;
+            if let Some(counts) = &st.counts {
+                self.dev.penalties_count(pen, out, 0, counts.ptr::<u32>())?;
+            }
+            let id = read_ptr(self.dev.stream(), out, 1)?[0];
+            u32::try_from(id)
+                .ok()
+                .filter(|&i| (i as usize) < st.vocab)
+                .ok_or_else(|| invalid("sample", format!("the kernel returned id {id}")))
+        };
+        let id = run(st).map_err(be_err)?;
+        drop(logits);
+        Ok(id)
+    }
+}
+
+impl CudaDevice {
+    /// Penalties in place on one row `logits` ([V]) from `counts` ([V], `ops::penalties`).
+    pub fn penalties(
+        &self,
+        spec: &'static KernelSpec,
+        logits: DevPtr<f32>,
+        counts: DevPtr<u32>,
+        p: &Penalties,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "penalties";
+        check_op(spec, Op::Penalties, OP)?;
+        let v = logits.len();
+        if v == 0 || counts.len() != v {
+            return Err(invalid(
+                OP,
+                format!("{} logits with {} counts", v, counts.len()),
+            ));
+        }
+        let vi = i32::try_from(v).map_err(|_| invalid(OP, "vocab exceeds i32".into()))?;
+        let f = self.function(spec)?;
+        let cfg = LaunchConfig {
+            grid_dim: (v.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (lp, cp) = (logits.raw(), counts.raw());
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&lp)
+            .arg(&vi)
+            .arg(&cp)
+            .arg(&p.repetition)
+            .arg(&p.presence)
+            .arg(&p.frequency);
+        // SAFETY: matches (float* logits, int V, const u32* counts, float rep, float pres,
+        // float freq); both pointers address V values (checked above; DevPtr's contract).
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
+        Ok(())
+    }
+
+    /// `logits[banned[j]] = -inf` for the ids in range.
+    pub fn penalties_ban(
+        &self,
+        spec: &'static KernelSpec,
+        logits: DevPtr<f32>,
+        banned: DevPtr<i32>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "penalties__ban";
+        check_op(spec, Op::Penalties, OP)?;
+        if banned.is_empty() {
+            return Ok(());
+        }
+        let vi =
+            i32::try_from(logits.len()).map_err(|_| invalid(OP, "vocab exceeds i32".into()))?;
+        let n = i32::try_from(banned.len()).map_err(|_| invalid(OP, "too many ids".into()))?;
+        let f = self.function_suffixed(spec, "ban")?;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (lp, bp) = (logits.raw(), banned.raw());
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&lp).arg(&vi).arg(&bp).arg(&n);
+        // SAFETY: matches (float* logits, int V, const int* banned, int n); the kernel writes
+        // only ids in [0, V) of `logits` and reads n ids of `banned`.
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}__ban", spec.name)))?;
+        Ok(())
+    }
+
+    /// `counts[t] += 1` for `t = *id_ptr` (when not null) or `t = id`; out-of-range ids ignored.
+    pub fn penalties_count(
+        &self,
+        spec: &'static KernelSpec,
+        id_ptr: DevPtr<i32>,
+        id: i32,
+        counts: DevPtr<u32>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "penalties__count";
+        check_op(spec, Op::Penalties, OP)?;
+        if id_ptr.raw() != 0 && id_ptr.is_empty() {
+            return Err(invalid(OP, "the id pointer addresses nothing".into()));
+        }
+        let vi =
+            i32::try_from(counts.len()).map_err(|_| invalid(OP, "vocab exceeds i32".into()))?;
+        let f = self.function_suffixed(spec, "count")?;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ip, cp) = (id_ptr.raw(), counts.raw());
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&ip).arg(&id).arg(&cp).arg(&vi);
+        // SAFETY: matches (const int* id_ptr, int id, u32* counts, int V); id_ptr is null or
+        // addresses one int; the kernel touches counts only at an id in [0, V).
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}__count", spec.name)))?;
+        Ok(())
+    }
+
+    /// The `sample` kernel on raw pointers: one token per row of `logits` ([rows][vocab]).
+    pub fn sample_ptr(
+        &self,
+        spec: &'static KernelSpec,
+        logits: DevPtr<f32>,
+        vocab: usize,
+        params: DevPtr<SampleParams>,
+        counters: DevPtr<u32>,
+        out: DevPtr<i32>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "sample";
+        check_op(spec, Op::Sample, OP)?;
+        if vocab == 0 || logits.is_empty() || logits.len() % vocab != 0 {
+            return Err(invalid(
+                OP,
+                format!("{} logits are not rows of {vocab}", logits.len()),
+            ));
+        }
+        let rows = logits.len() / vocab;
+        if params.len() < rows || counters.len() < rows || out.len() < rows {
+            return Err(invalid(
+                OP,
+                format!("{rows} rows need params/counters/out of {rows}"),
+            ));
+        }
+        let v = i32::try_from(vocab).map_err(|_| invalid(OP, "vocab exceeds i32".into()))?;
+        let f = self.function(spec)?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (lp, pp, cp, op) = (logits.raw(), params.raw(), counters.raw(), out.raw());
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&lp).arg(&v).arg(&pp).arg(&cp).arg(&op);
+        // SAFETY: matches (const float* logits, int V, const SampleParams* p, u32* counters,
+        // int* out), one 1024-thread block per row; sizes checked above.
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
+        Ok(())
+    }
+}
+
+fn check_op(spec: &'static KernelSpec, op: Op, name: &'static str) -> Result<(), CudaError> {
+    if spec.key.op == op {
+        Ok(())
+    } else {
+        Err(invalid(name, format!("instance {} is not {op}", spec.name)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_params_map_the_cpu_conventions() {
+        let p = SamplingParams {
+            temperature: 0.7,
+            top_k: usize::MAX,
+            top_p: 0.0,
+            min_p: 0.05,
+            ..Default::default()
+        };
+        let k = kernel_params(&p, 9);
+        assert_eq!(
+            (k.temperature, k.top_k, k.top_p, k.min_p, k.seed),
+            (0.7, 0, 1.0, 0.05, 9)
+        );
+        let k = kernel_params(
+            &SamplingParams {
+                top_k: 40,
+                top_p: 0.9,
+                ..Default::default()
+            },
+            1,
+        );
+        assert_eq!((k.top_k, k.top_p), (40, 0.9));
+    }
+}
