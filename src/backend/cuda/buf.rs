@@ -132,6 +132,11 @@ pub struct PoolStats {
 #[derive(Default)]
 struct PoolInner {
     free: HashMap<usize, Vec<u64>>,
+    /// Buffers first handed out while a CUDA graph was being captured: they are the graphs'
+    /// intermediates, rewritten by every replay, so they only ever serve other captures.
+    graph_free: HashMap<usize, Vec<u64>>,
+    /// A capture is in progress: allocations come from (and return to) `graph_free`.
+    capturing: bool,
     stats: PoolStats,
 }
 
@@ -189,12 +194,22 @@ impl Pool {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Route allocations to the graph-private lists while a CUDA graph is captured (see
+    /// `PoolInner::graph_free`): a buffer a graph writes on every replay must never be handed
+    /// to a tensor that outlives the step, or a later replay would overwrite it.
+    pub fn set_capturing(&self, on: bool) {
+        self.lock().capturing = on;
+    }
+
     /// A pooled buffer of at least `bytes` bytes (contents undefined).
     pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DevBuf, CudaError> {
         let class = size_class(bytes);
+        let graph;
         let reused = {
             let mut g = self.lock();
-            let p = g.free.get_mut(&class).and_then(|v| v.pop());
+            graph = g.capturing;
+            let list = if graph { &mut g.graph_free } else { &mut g.free };
+            let p = list.get_mut(&class).and_then(|v| v.pop());
             if p.is_some() {
                 g.stats.cached -= class;
                 g.stats.in_use += class;
@@ -218,6 +233,7 @@ impl Pool {
             bytes,
             class,
             pooled: true,
+            graph,
             pool: self.clone(),
         })
     }
@@ -235,6 +251,7 @@ impl Pool {
             bytes,
             class: b,
             pooled: false,
+            graph: false,
             pool: self.clone(),
         })
     }
@@ -256,14 +273,16 @@ impl Pool {
         Ok(buf)
     }
 
-    /// Free every cached buffer back to the driver. Invalidates any captured CUDA graph whose
-    /// intermediates came from the pool: drop those graphs first.
+    /// Free every cached buffer back to the driver. Invalidates every captured CUDA graph (their
+    /// intermediates came from the pool): drop those graphs first.
     pub fn trim(&self) -> Result<(), CudaError> {
         self.stream
             .synchronize()
             .map_err(drv("synchronising before trim"))?;
         let mut g = self.lock();
-        for (class, ptrs) in g.free.drain() {
+        let mut lists: Vec<_> = g.free.drain().collect();
+        lists.extend(g.graph_free.drain());
+        for (class, ptrs) in lists {
             for p in ptrs {
                 // SAFETY: cached buffers are owned by the pool and unused (stream synchronised).
                 unsafe { result::free_sync(p) }.map_err(drv("freeing cached device memory"))?;
@@ -278,12 +297,13 @@ impl Pool {
         self.lock().stats
     }
 
-    fn release(&self, class: usize, ptr: u64, pooled: bool) {
+    fn release(&self, class: usize, ptr: u64, pooled: bool, graph: bool) {
         let mut g = self.lock();
         if pooled {
             g.stats.in_use -= class;
             g.stats.cached += class;
-            g.free.entry(class).or_default().push(ptr);
+            let list = if graph { &mut g.graph_free } else { &mut g.free };
+            list.entry(class).or_default().push(ptr);
         } else {
             g.stats.persistent -= class;
             drop(g);
@@ -303,6 +323,8 @@ pub struct DevBuf {
     bytes: usize,
     class: usize,
     pooled: bool,
+    /// Handed out during a capture: returns to the graph-private list.
+    graph: bool,
     pool: Arc<Pool>,
 }
 
@@ -314,7 +336,7 @@ impl std::fmt::Debug for DevBuf {
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
-        self.pool.release(self.class, self.ptr, self.pooled);
+        self.pool.release(self.class, self.ptr, self.pooled, self.graph);
     }
 }
 

@@ -162,14 +162,17 @@ impl Backend for CudaBackend {
             return Ok(false);
         }
         self.dev.capture_begin()?;
+        self.pool.set_capturing(true);
         Ok(true)
     }
 
     fn record_end(&self) -> Result<RecordedStep> {
+        self.pool.set_capturing(false);
         Ok(RecordedStep(Box::new(self.dev.capture_end()?)))
     }
 
     fn record_abort(&self) {
+        self.pool.set_capturing(false);
         self.dev.capture_abort();
     }
 
