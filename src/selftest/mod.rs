@@ -6,6 +6,7 @@
 
 mod check;
 mod checks;
+pub mod models;
 
 pub use check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 
@@ -36,6 +37,9 @@ pub struct SelftestArgs {
     /// variable FUCINA_STRICT_KERNELS=1 does the same (read by the PTX cache configuration).
     #[arg(long)]
     pub strict_kernels: bool,
+    /// Skip the whole-model checks (golden models and Gemma 3 270M, GPU against CPU).
+    #[arg(long)]
+    pub skip_models: bool,
 }
 
 impl Default for SelftestArgs {
@@ -47,6 +51,7 @@ impl Default for SelftestArgs {
             iters: 20,
             generic: false,
             strict_kernels: false,
+            skip_models: false,
         }
     }
 }
@@ -128,7 +133,18 @@ pub fn run(args: &SelftestArgs) -> anyhow::Result<bool> {
         dev.ptx_cache().compiles(),
         dev.ptx_cache().hits()
     );
-    Ok(failed == 0)
+    let mut model_failed = 0;
+    if !args.skip_models {
+        let mrows = models::run_gpu(args.device);
+        print!("{}", models::format_rows(&mrows));
+        model_failed = mrows.iter().filter(|r| !r.pass).count();
+        println!(
+            "{} model checks, {} passed, {model_failed} failed",
+            mrows.len(),
+            mrows.len() - model_failed
+        );
+    }
+    Ok(failed == 0 && model_failed == 0)
 }
 
 fn check_one(dev: &CudaDevice, spec: &'static KernelSpec, seed: u64, iters: usize) -> Row {
