@@ -26,10 +26,9 @@ impl TensorDecl {
     pub fn n_bytes(&self) -> io::Result<usize> {
         let inner = *self.shape.last().unwrap_or(&1);
         let rows = self.elements() / inner.max(1);
-        let rb = self
-            .ty
-            .row_bytes(inner)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{}: {e}", self.name)))?;
+        let rb = self.ty.row_bytes(inner).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("{}: {e}", self.name))
+        })?;
         Ok(rb * rows)
     }
 }
@@ -92,7 +91,10 @@ fn put_value(out: &mut Vec<u8>, v: &GgufValue) {
 
 /// The header: magic, version, counts, metadata, tensor infos, padding to the data section.
 /// Returns the header bytes and every tensor's data size.
-pub fn header(kv: &[(String, GgufValue)], tensors: &[TensorDecl]) -> io::Result<(Vec<u8>, Vec<usize>)> {
+pub fn header(
+    kv: &[(String, GgufValue)],
+    tensors: &[TensorDecl],
+) -> io::Result<(Vec<u8>, Vec<usize>)> {
     let mut out = Vec::with_capacity(1 << 20);
     out.extend_from_slice(b"GGUF");
     out.extend_from_slice(&3u32.to_le_bytes());

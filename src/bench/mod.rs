@@ -38,6 +38,12 @@ pub struct BenchArgs {
     /// Gemma 3 270M file, fetched if absent; Qwen presets make up a byte-level vocabulary).
     #[arg(long)]
     pub vocab: Option<PathBuf>,
+    /// Override the preset's layer count (quick runs; Gemma 4 keeps its last layer global).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Only write the synthesised file, measure nothing.
+    #[arg(long = "synth-only")]
+    pub synth_only: bool,
     /// Seed of the random weights and token ids.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -49,7 +55,11 @@ pub struct BenchArgs {
     #[arg(long = "kv-type", default_value = "fp8")]
     pub kv_type: String,
     /// Prompt lengths to prefill.
-    #[arg(long = "prompt-lens", value_delimiter = ',', default_value = "512,4096")]
+    #[arg(
+        long = "prompt-lens",
+        value_delimiter = ',',
+        default_value = "512,4096"
+    )]
     pub prompt_lens: Vec<usize>,
     /// Tokens decoded per depth.
     #[arg(long = "decode-tokens", default_value_t = 128)]
@@ -73,15 +83,27 @@ pub fn model_path(a: &BenchArgs, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     let Some(name) = &a.synth else {
         bail!("fucina bench: give --model FILE.gguf or --synth NAME --quant Q");
     };
-    let p = presets::find(name).with_context(|| {
-        format!("--synth {name}: unknown shape (known: {})", presets::names().join(", "))
-    })?;
+    let mut p = presets::find(name)
+        .with_context(|| {
+            format!(
+                "--synth {name}: unknown shape (known: {})",
+                presets::names().join(", ")
+            )
+        })?
+        .clone();
+    if let Some(l) = a.layers {
+        if l == 0 {
+            bail!("--layers must be at least 1");
+        }
+        p.n_layer = l;
+    }
+    let p = &p;
     let q = synth::FileQuant::parse(&a.quant)
         .with_context(|| format!("--quant {}: expected q4_0, q4_k_m or q8_0", a.quant))?;
-    let out = a
-        .synth_out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("{name}-{}.gguf", q.name())));
+    let out = a.synth_out.clone().unwrap_or_else(|| match a.layers {
+        Some(l) => PathBuf::from(format!("{name}-L{l}-{}.gguf", q.name())),
+        None => PathBuf::from(format!("{name}-{}.gguf", q.name())),
+    });
     if out.exists() {
         log(&format!("reusing {}", out.display()));
         return Ok(out);
@@ -94,7 +116,12 @@ pub fn model_path(a: &BenchArgs, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
         ),
         _ => None,
     };
-    log(&format!("writing {} ({} {})", out.display(), p.key, q.name()));
+    log(&format!(
+        "writing {} ({} {})",
+        out.display(),
+        p.key,
+        q.name()
+    ));
     let w = synth::write(p, q, donor.as_deref(), &out, a.seed)?;
     log(&format!(
         "wrote {} tensors, {:.2} GB in {:.1}s ({:.2} GB/s), vocab {}",
@@ -108,9 +135,12 @@ pub fn model_path(a: &BenchArgs, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
 }
 
 /// `fucina bench`.
-pub fn run(a: &BenchArgs) -> Result<Report> {
+pub fn run(a: &BenchArgs) -> Result<Option<Report>> {
     let mut log = |s: &str| eprintln!("bench: {s}");
     let path = model_path(a, &mut log)?;
+    if a.synth_only {
+        return Ok(None);
+    }
     let plan = Plan {
         prompt_lens: a.prompt_lens.clone(),
         decode_tokens: a.decode_tokens.max(1),
@@ -119,9 +149,13 @@ pub fn run(a: &BenchArgs) -> Result<Report> {
         seed: a.seed,
     };
     let report = match a.device {
-        crate::cli::args::Device::Cpu => {
-            measure::run(&path, Arc::new(CpuBackend::new()), &measure::CpuProbe, &plan, &mut log)?
-        }
+        crate::cli::args::Device::Cpu => measure::run(
+            &path,
+            Arc::new(CpuBackend::new()),
+            &measure::CpuProbe,
+            &plan,
+            &mut log,
+        )?,
         crate::cli::args::Device::Cuda => {
             let kv = match a.kv_type.as_str() {
                 "fp8" | "fp8_e4m3" => KvType::Fp8E4m3,
@@ -139,7 +173,7 @@ pub fn run(a: &BenchArgs) -> Result<Report> {
         std::fs::write(j, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", j.display()))?;
     }
-    Ok(report)
+    Ok(Some(report))
 }
 
 fn gb(b: u64) -> String {
@@ -186,7 +220,11 @@ pub fn table(r: &Report) -> String {
         ));
     }
     if let (Some(p), Some(u)) = (r.pool_peak_bytes, r.driver_used_bytes) {
-        s.push_str(&format!("peak GPU memory: pool {} ; driver used {}\n", gb(p), gb(u)));
+        s.push_str(&format!(
+            "peak GPU memory: pool {} ; driver used {}\n",
+            gb(p),
+            gb(u)
+        ));
     }
     s
 }

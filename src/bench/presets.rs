@@ -264,11 +264,19 @@ impl Preset {
             Family::Gemma4 => {
                 let (h, f, dg) = (self.n_head, self.n_ff, self.head_dim_global);
                 let pairs = (dg as f32 * self.partial_rotary_global / 2.0) as usize;
-                add("rope_freqs.weight".into(), &[dg / 2], Fill::RopeFreqs(pairs));
+                add(
+                    "rope_freqs.weight".into(),
+                    &[dg / 2],
+                    Fill::RopeFreqs(pairs),
+                );
                 add("token_embd.weight".into(), &[n_vocab, e], Fill::Matrix);
                 for (i, swa) in self.swa_layers().into_iter().enumerate() {
                     let d = if swa { self.head_dim } else { dg };
-                    let kv = if swa { self.n_head_kv } else { self.n_head_kv_global } * d;
+                    let kv = if swa {
+                        self.n_head_kv
+                    } else {
+                        self.n_head_kv_global
+                    } * d;
                     let b = |s: &str| format!("blk.{i}.{s}.weight");
                     add(b("attn_norm"), &[e], one);
                     add(b("attn_q"), &[h * d, e], Fill::Matrix);
@@ -340,7 +348,13 @@ impl Preset {
                 put("feed_forward_length", u(self.n_ff));
                 let kvh = swa
                     .iter()
-                    .map(|&s| I32(if s { self.n_head_kv } else { self.n_head_kv_global } as i32))
+                    .map(|&s| {
+                        I32(if s {
+                            self.n_head_kv
+                        } else {
+                            self.n_head_kv_global
+                        } as i32)
+                    })
                     .collect();
                 put("attention.head_count_kv", Array(kvh));
                 put("attention.key_length", u(self.head_dim_global));

@@ -66,7 +66,9 @@ pub fn decode_bytes(g: &GgufFile) -> DecodeBytes {
             t.n_bytes
         };
     }
-    let window = g.get_u64(&key("attention.sliding_window")).map(|w| w as usize);
+    let window = g
+        .get_u64(&key("attention.sliding_window"))
+        .map(|w| w as usize);
     let pattern: Option<Vec<bool>> = g
         .get_array(&key("attention.sliding_window_pattern"))
         .and_then(|a| a.iter().map(|v| v.as_bool()).collect());

@@ -166,7 +166,9 @@ pub fn tokenizer_keys(
                 })
             })
             .collect();
-        let types = (0..n).map(|i| V::I32(if i < 256 { 1 } else { 5 })).collect();
+        let types = (0..n)
+            .map(|i| V::I32(if i < 256 { 1 } else { 5 }))
+            .collect();
         let kv = vec![
             ("tokenizer.ggml.model".into(), V::String("gpt2".into())),
             ("tokenizer.ggml.pre".into(), V::String("default".into())),
@@ -196,7 +198,9 @@ pub fn tokenizer_keys(
         let mut v = v.clone();
         if let V::Array(a) = &mut v {
             match k.as_str() {
-                "tokenizer.ggml.tokens" => a.extend((n_donor..n).map(|i| V::String(format!("[PAD{i}]")))),
+                "tokenizer.ggml.tokens" => {
+                    a.extend((n_donor..n).map(|i| V::String(format!("[PAD{i}]"))))
+                }
                 "tokenizer.ggml.token_type" => a.extend((n_donor..n).map(|_| V::I32(5))),
                 "tokenizer.ggml.scores" => a.extend((n_donor..n).map(|_| V::F32(-10000.0))),
                 _ => {}
@@ -214,7 +218,9 @@ fn byte_token(b: u8) -> String {
         return char::from(b).to_string();
     }
     let n = (0..b).filter(|&x| !printable(x)).count() as u32;
-    char::from_u32(256 + n).map(String::from).unwrap_or_default()
+    char::from_u32(256 + n)
+        .map(String::from)
+        .unwrap_or_default()
 }
 
 /// xorshift64* seeded through splitmix64.
@@ -329,7 +335,10 @@ fn write_matrix(
     buf: &mut Vec<u8>,
 ) -> std::io::Result<()> {
     let Some(pi) = pools.get(ty) else {
-        return Err(std::io::Error::other(format!("no random blocks for {}", ty.name())));
+        return Err(std::io::Error::other(format!(
+            "no random blocks for {}",
+            ty.name()
+        )));
     };
     let bb = ty.block().1;
     let start = (pools.rng.next() as usize % (pools.pools[pi].1.len() / bb)) * bb;
@@ -400,7 +409,10 @@ pub fn write(
 ) -> Result<Written, SynthError> {
     let t0 = std::time::Instant::now();
     let (tok, n_vocab) = tokenizer_keys(p, donor)?;
-    let mut kv = vec![("general.architecture".to_string(), GgufValue::String(p.arch.into()))];
+    let mut kv = vec![(
+        "general.architecture".to_string(),
+        GgufValue::String(p.arch.into()),
+    )];
     kv.extend(p.metadata(q.ftype()));
     kv.extend(tok);
     let decl = declare(p, q, n_vocab);
@@ -418,7 +430,9 @@ pub fn write(
     let mut buf = Vec::with_capacity(CHUNK_BYTES);
     for ((spec, d), &n) in decl.iter().zip(&sizes) {
         match (spec.fill, d.ty) {
-            (Fill::Matrix, ty) if ty != GgmlType::F32 => write_matrix(&mut w, &mut pools, ty, n, &mut buf)?,
+            (Fill::Matrix, ty) if ty != GgmlType::F32 => {
+                write_matrix(&mut w, &mut pools, ty, n, &mut buf)?
+            }
             _ => write_f32(&mut w, spec, &mut rng)?,
         }
         gguf_write::write_padding(&mut w, n)?;

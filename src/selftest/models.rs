@@ -35,9 +35,15 @@ impl Bounds {
     /// measures 0.2 for int8 activations alone), so 0.25 there.
     pub fn for_case(arch: &str) -> Bounds {
         if arch.starts_with("qwen35") {
-            Bounds { vs_hf: 0.25, vs_ref: 0.25 }
+            Bounds {
+                vs_hf: 0.25,
+                vs_ref: 0.25,
+            }
         } else {
-            Bounds { vs_hf: 5e-2, vs_ref: 5e-2 }
+            Bounds {
+                vs_hf: 5e-2,
+                vs_ref: 5e-2,
+            }
         }
     }
 }
@@ -80,7 +86,10 @@ impl Err2 {
             .iter()
             .zip(want)
             .map(|(g, w)| (*g as f64 - w).abs())
-            .fold(0f64, |m, v| if v.is_nan() { f64::INFINITY } else { m.max(v) });
+            .fold(
+                0f64,
+                |m, v| if v.is_nan() { f64::INFINITY } else { m.max(v) },
+            );
         self.abs = self.abs.max(abs);
         self.rel = self.rel.max(abs / scale);
     }
@@ -112,7 +121,8 @@ fn top2_gap(x: &[f32]) -> f64 {
 
 fn load<B: Backend>(path: &Path, b: Arc<B>, ctx: usize) -> Result<Arc<dyn CausalLm>, String> {
     let ckpt = Checkpoint::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    load_model(&ckpt, b, &LoadOptions { max_context: ctx }).map_err(|e| format!("{}: {e}", path.display()))
+    load_model(&ckpt, b, &LoadOptions { max_context: ctx })
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Prefill `prompt` on both models, then decode greedily `steps` tokens on each (each feeding
@@ -136,7 +146,9 @@ pub fn compare_greedy(
     let mut sr = reference.clone().new_session();
     let e = |w: &str, x: crate::model::ModelError| format!("{w}: {x}");
     let lt = st.forward(prompt, true).map_err(|x| e("test prefill", x))?;
-    let lr = sr.forward(prompt, true).map_err(|x| e("reference prefill", x))?;
+    let lr = sr
+        .forward(prompt, true)
+        .map_err(|x| e("reference prefill", x))?;
     let mut err = Err2::default();
     for p in 0..lr.rows {
         err.add(lt.row(p), lr.row(p).iter().map(|&v| v as f64));
@@ -156,7 +168,9 @@ pub fn compare_greedy(
             break;
         }
         last_t = st.forward(&[nt], false).map_err(|x| e("test decode", x))?;
-        last_r = sr.forward(&[nr], false).map_err(|x| e("reference decode", x))?;
+        last_r = sr
+            .forward(&[nr], false)
+            .map_err(|x| e("reference decode", x))?;
         if gap.is_none() {
             err.add(last_t.last(), last_r.last().iter().map(|&v| v as f64));
         }
@@ -171,7 +185,12 @@ pub fn compare_greedy(
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
-        .map(|a| a.iter().filter_map(|t| t.as_u64()).map(|t| t as u32).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t.as_u64())
+                .map(|t| t as u32)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -199,7 +218,10 @@ pub fn check_case<T: Backend, R: Backend>(
     let mut rows = Vec::new();
     for (form, path, key) in forms {
         let label = format!("{name}/{form}");
-        let (mt, mr) = match (load(&path, test.clone(), 256), load(&path, reference.clone(), 256)) {
+        let (mt, mr) = match (
+            load(&path, test.clone(), 256),
+            load(&path, reference.clone(), 256),
+        ) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => {
                 rows.push(ModelRow::failed(format!("{label} load"), e));
@@ -228,7 +250,10 @@ pub fn check_case<T: Backend, R: Backend>(
                 }
             };
             for (p, w) in want.iter().enumerate().take(got.rows) {
-                let w: Vec<f64> = w.as_array().map(|r| r.iter().filter_map(|v| v.as_f64()).collect()).unwrap_or_default();
+                let w: Vec<f64> = w
+                    .as_array()
+                    .map(|r| r.iter().filter_map(|v| v.as_f64()).collect())
+                    .unwrap_or_default();
                 if w.len() != got.vocab {
                     ok = false;
                     note = format!("seq {si}: vocab {} vs golden {}", got.vocab, w.len());
@@ -238,8 +263,15 @@ pub fn check_case<T: Backend, R: Backend>(
             }
             if let (Some(g), "logits") = (seq.get("greedy"), key) {
                 let want_t = ids(&g["tokens"]);
-                let gaps: Vec<f64> = g["top2_gap"].as_array().map(|a| a.iter().filter_map(|v| v.as_f64()).collect()).unwrap_or_default();
-                let scale = want.last().and_then(|r| r.as_array()).map_or(1.0, |r| r.iter().filter_map(|v| v.as_f64()).fold(0f64, |m, v| m.max(v.abs())));
+                let gaps: Vec<f64> = g["top2_gap"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
+                    .unwrap_or_default();
+                let scale = want.last().and_then(|r| r.as_array()).map_or(1.0, |r| {
+                    r.iter()
+                        .filter_map(|v| v.as_f64())
+                        .fold(0f64, |m, v| m.max(v.abs()))
+                });
                 let mut next = argmax(got.last());
                 for (step, &w) in want_t.iter().enumerate() {
                     if next != w {
@@ -287,7 +319,10 @@ pub fn check_case<T: Backend, R: Backend>(
         });
         let ref_pass = greedy_ok && vs_ref.rel <= bounds.vs_ref;
         rows.push(ModelRow {
-            name: format!("{label} vs {} ({GREEDY_STEPS} greedy)", reference_name(reference)),
+            name: format!(
+                "{label} vs {} ({GREEDY_STEPS} greedy)",
+                reference_name(reference)
+            ),
             max_abs: vs_ref.abs,
             max_rel: vs_ref.rel,
             bound: bounds.vs_ref,
@@ -344,12 +379,18 @@ pub fn golden_cases(root: &Path) -> (Vec<(String, PathBuf, Value)>, Vec<String>)
 
 /// The real Gemma 3 270M: greedy text of the backend under test equals the reference's for
 /// [`GREEDY_STEPS`] tokens.
-pub fn check_gemma3_270m<T: Backend, R: Backend>(path: &Path, test: &Arc<T>, reference: &Arc<R>) -> ModelRow {
+pub fn check_gemma3_270m<T: Backend, R: Backend>(
+    path: &Path,
+    test: &Arc<T>,
+    reference: &Arc<R>,
+) -> ModelRow {
     let name = "gemma-3-270m greedy text".to_string();
     let run = || -> Result<ModelRow, String> {
         let ckpt = Checkpoint::open(path).map_err(|e| e.to_string())?;
         let tok = crate::tokenizer::load_for_checkpoint(&ckpt, None).map_err(|e| e.to_string())?;
-        let prompt = tok.encode("The capital of France is", true).map_err(|e| e.to_string())?;
+        let prompt = tok
+            .encode("The capital of France is", true)
+            .map_err(|e| e.to_string())?;
         let mt = load(path, test.clone(), 512)?;
         let mr = load(path, reference.clone(), 512)?;
         let c = compare_greedy(&mt, &mr, &prompt, GREEDY_STEPS)?;
@@ -389,7 +430,10 @@ pub fn check_all<T: Backend, R: Backend>(test: &Arc<T>, reference: &Arc<R>) -> V
     let (cases, skipped) = golden_cases(&root);
     let mut rows = Vec::new();
     if cases.is_empty() {
-        rows.push(ModelRow::failed("golden cases".into(), format!("none under {}", root.display())));
+        rows.push(ModelRow::failed(
+            "golden cases".into(),
+            format!("none under {}", root.display()),
+        ));
     }
     for (name, dir, json) in &cases {
         rows.extend(check_case(name, dir, json, test, reference));
@@ -399,7 +443,10 @@ pub fn check_all<T: Backend, R: Backend>(test: &Arc<T>, reference: &Arc<R>) -> V
     }
     rows.push(match gemma3_270m_path() {
         Ok(p) => check_gemma3_270m(&p, test, reference),
-        Err(e) => ModelRow::failed("gemma-3-270m greedy text".into(), format!("no model file: {e}")),
+        Err(e) => ModelRow::failed(
+            "gemma-3-270m greedy text".into(),
+            format!("no model file: {e}"),
+        ),
     });
     rows
 }
