@@ -69,7 +69,9 @@ pub struct Report {
 }
 
 fn ids(n: usize, vocab: usize, rng: &mut super::synth::Rng) -> Vec<u32> {
-    (0..n).map(|_| (rng.next() % vocab as u64) as u32).collect()
+    (0..n)
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
+        .collect()
 }
 
 fn argmax(l: &Logits) -> u32 {
@@ -171,7 +173,7 @@ pub fn run<B: Backend>(
             let l = s.forward(&ids(d, info.vocab_size, &mut rng), false)?;
             argmax(&l)
         } else {
-            (rng.next() % info.vocab_size as u64) as u32
+            (rng.next_u64() % info.vocab_size as u64) as u32
         };
         let t0 = Instant::now();
         for _ in 0..plan.decode_tokens {

@@ -63,11 +63,15 @@ pub enum SynthError {
 
 /// llama.cpp's `use_more_bits(i, n)`.
 pub fn use_more_bits(i: usize, n: usize) -> bool {
-    i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2)
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 fn layer_of(name: &str) -> Option<usize> {
-    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+    name.strip_prefix("blk.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The type llama-quantize gives matrix `name` (row length `ne0`) in a file of type `q`.
@@ -94,12 +98,10 @@ pub fn matrix_type(
         } else {
             base
         }
-    } else if q == FileQuant::Q4KM && name.contains("attn_v.weight") && use_more_bits(v_index, n_v)
-    {
-        GgmlType::Q6K
     } else if q == FileQuant::Q4KM
-        && name.contains("ffn_down")
-        && layer_of(name).is_some_and(|i| use_more_bits(i, p.n_layer))
+        && ((name.contains("attn_v.weight") && use_more_bits(v_index, n_v))
+            || (name.contains("ffn_down")
+                && layer_of(name).is_some_and(|i| use_more_bits(i, p.n_layer))))
     {
         GgmlType::Q6K
     } else {
@@ -234,7 +236,7 @@ impl Rng {
         Rng((z ^ (z >> 31)) | 1)
     }
     #[inline]
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -243,16 +245,16 @@ impl Rng {
     pub fn fill(&mut self, out: &mut [u8]) {
         let mut it = out.chunks_exact_mut(8);
         for c in &mut it {
-            c.copy_from_slice(&self.next().to_le_bytes());
+            c.copy_from_slice(&self.next_u64().to_le_bytes());
         }
-        let r = self.next().to_le_bytes();
+        let r = self.next_u64().to_le_bytes();
         let rem = it.into_remainder();
         let n = rem.len();
         rem.copy_from_slice(&r[..n]);
     }
     /// Uniform in [lo, hi).
     pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
     }
 }
 
@@ -341,8 +343,8 @@ fn write_matrix(
         )));
     };
     let bb = ty.block().1;
-    let start = (pools.rng.next() as usize % (pools.pools[pi].1.len() / bb)) * bb;
-    let mut rng = Rng::new(pools.rng.next());
+    let start = (pools.rng.next_u64() as usize % (pools.pools[pi].1.len() / bb)) * bb;
+    let mut rng = Rng::new(pools.rng.next_u64());
     let (_, pool, sc) = &pools.pools[pi];
     let mut pos = start;
     let mut left = n_bytes;
@@ -358,7 +360,7 @@ fn write_matrix(
         let mut r = 0u64;
         for (j, b) in buf.chunks_exact_mut(bb).enumerate() {
             if j % 8 == 0 {
-                r = rng.next();
+                r = rng.next_u64();
             }
             let s = &sc.table[((r >> ((j % 8) * 8)) & 0xff) as usize];
             b[sc.at..sc.at + k].copy_from_slice(s);

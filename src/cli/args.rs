@@ -18,6 +18,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Check every kernel variant and whole models against the CPU reference (GPU machine).
     Selftest(crate::selftest::SelftestArgs),

@@ -553,7 +553,7 @@ mod tests {
         };
         let a = Arc::new(CpuBackend::new());
         let r = check_gemma3_270m(&p, &a, &a.clone());
-        assert!(r.pass, "{}", format_rows(&[r.clone()]));
+        assert!(r.pass, "{}", format_rows(std::slice::from_ref(&r)));
         assert!(r.note.len() > 10, "{}", r.note);
     }
 }
