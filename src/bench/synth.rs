@@ -11,7 +11,7 @@
 //! Speed: one pool of random blocks (xorshift) is made per file and tiled over every matrix,
 //! each block getting a fresh scale, so generating is a copy plus a scale store per block.
 
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::Path;
 
 use super::gguf_write::{self, TensorDecl};
@@ -67,11 +67,7 @@ pub fn use_more_bits(i: usize, n: usize) -> bool {
 }
 
 fn layer_of(name: &str) -> Option<usize> {
-    name.strip_prefix("blk.")?
-        .split('.')
-        .next()?
-        .parse()
-        .ok()
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
 /// The type llama-quantize gives matrix `name` (row length `ne0`) in a file of type `q`.
@@ -392,6 +388,42 @@ fn write_f32(w: &mut impl Write, spec: &Spec, rng: &mut Rng) -> std::io::Result<
     w.write_all(&out)
 }
 
+/// A `Write` that hands full chunks to the writer thread.
+struct ChunkSink {
+    tx: std::sync::mpsc::SyncSender<Vec<u8>>,
+    buf: Vec<u8>,
+}
+
+impl ChunkSink {
+    fn send(&mut self) -> std::io::Result<()> {
+        let full = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK_BYTES));
+        self.tx
+            .send(full)
+            .map_err(|_| std::io::Error::other("the writer thread stopped"))
+    }
+}
+
+impl Write for ChunkSink {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.is_empty() && data.len() >= CHUNK_BYTES {
+            self.buf.extend_from_slice(data);
+            self.send()?;
+            return Ok(data.len());
+        }
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK_BYTES {
+            self.send()?;
+        }
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            self.send()?;
+        }
+        Ok(())
+    }
+}
+
 /// What was written.
 #[derive(Debug, Clone)]
 pub struct Written {
@@ -421,26 +453,47 @@ pub fn write(
     let tensors: Vec<TensorDecl> = decl.iter().map(|(_, d)| d.clone()).collect();
     let (head, sizes) = gguf_write::header(&kv, &tensors)?;
     let tmp = out.with_extension("gguf.partial");
-    let f = std::fs::File::create(&tmp)?;
-    let mut w = BufWriter::with_capacity(16 << 20, f);
-    w.write_all(&head)?;
-    let mut pools = Pools {
-        rng: Rng::new(seed),
-        pools: Vec::new(),
-    };
-    let mut rng = Rng::new(seed ^ 0x5151);
-    let mut buf = Vec::with_capacity(CHUNK_BYTES);
-    for ((spec, d), &n) in decl.iter().zip(&sizes) {
-        match (spec.fill, d.ty) {
-            (Fill::Matrix, ty) if ty != GgmlType::F32 => {
-                write_matrix(&mut w, &mut pools, ty, n, &mut buf)?
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&head)?;
+    // generate here, write on a second thread: the disk and the generator overlap
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(4);
+    std::thread::scope(|scope| -> Result<(), SynthError> {
+        let writer = scope.spawn(move || -> std::io::Result<()> {
+            for chunk in rx {
+                f.write_all(&chunk)?;
             }
-            _ => write_f32(&mut w, spec, &mut rng)?,
-        }
-        gguf_write::write_padding(&mut w, n)?;
-    }
-    w.flush()?;
-    drop(w);
+            f.flush()
+        });
+        let generated = (|| -> std::io::Result<()> {
+            let mut w = ChunkSink {
+                tx,
+                buf: Vec::with_capacity(CHUNK_BYTES),
+            };
+            let mut pools = Pools {
+                rng: Rng::new(seed),
+                pools: Vec::new(),
+            };
+            let mut rng = Rng::new(seed ^ 0x5151);
+            let mut buf = Vec::with_capacity(CHUNK_BYTES);
+            for ((spec, d), &n) in decl.iter().zip(&sizes) {
+                match (spec.fill, d.ty) {
+                    (Fill::Matrix, ty) if ty != GgmlType::F32 => {
+                        write_matrix(&mut w, &mut pools, ty, n, &mut buf)?
+                    }
+                    _ => write_f32(&mut w, spec, &mut rng)?,
+                }
+                gguf_write::write_padding(&mut w, n)?;
+            }
+            w.flush()
+        })();
+        // the sink is dropped: the writer sees the end of the channel
+        let written = writer
+            .join()
+            .map_err(|_| std::io::Error::other("the writer thread panicked"))?;
+        generated?;
+        written?;
+        Ok(())
+    })?;
     std::fs::rename(&tmp, out)?;
     Ok(Written {
         bytes: gguf_write::file_size(head.len(), &sizes),
