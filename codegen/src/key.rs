@@ -75,6 +75,14 @@ key_enum! {
         ReadBw => "read_bw",
         /// Test kernel: the DSL's float conversions over all codes (selftest only).
         Convert => "convert",
+        /// Embedding rows gathered by token ids from device memory, dequantised, times a scale.
+        Embed => "embed",
+        /// Elementwise f32 ops with broadcast (add, mul, sigmoid gate, scale, soft-cap).
+        Ewise => "ewise",
+        /// L2 normalisation over groups of columns.
+        L2Norm => "l2_norm",
+        /// f32 activations to bf16 (the A operand of the tensor-core GEMM).
+        CastBf16 => "cast_bf16",
     }
 }
 

@@ -18,6 +18,19 @@ const WEIGHT_FORMATS: &[Quant] = &[
     Quant::NvFp4,
 ];
 
+/// Embedding-table formats the embed kernel dequantises (GGUF tables as stored; other formats
+/// are converted at upload).
+const EMBED_FORMATS: &[Quant] = &[
+    Quant::F32,
+    Quant::F16,
+    Quant::Bf16,
+    Quant::Q8_0,
+    Quant::Q4_0,
+    Quant::Q5_0,
+    Quant::Q4K,
+    Quant::Q6K,
+];
+
 /// `Ok(())` if `key` is a legal instance, else why not.
 pub fn check_legal(key: &KernelKey) -> Result<(), String> {
     let any_hd = |k: &KernelKey| {
@@ -57,13 +70,21 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
         | Op::Geglu
         | Op::Swiglu
         | Op::QuantizeQ8
-        | Op::ReadBw => {
+        | Op::ReadBw
+        | Op::Ewise
+        | Op::L2Norm
+        | Op::CastBf16 => {
             quant_in(key, &[Quant::F32])?;
             any_hd(key)?;
             any_bs(key)
         }
         Op::Sample | Op::Convert => {
             quant_in(key, &[Quant::F32])?;
+            any_hd(key)?;
+            any_bs(key)
+        }
+        Op::Embed => {
+            quant_in(key, EMBED_FORMATS)?;
             any_hd(key)?;
             any_bs(key)
         }

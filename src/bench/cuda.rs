@@ -52,11 +52,7 @@ impl Probe for CudaProbe {
     }
 }
 
-/// Run the bench on CUDA device `ordinal`. This is the only place that names the CUDA backend;
-/// it needs `impl Backend for CudaBackend` and `CudaBackend::new` (branch wt-core): until those
-/// are merged it is compiled out and the fallback below answers.
-// GATE (wt-core merge): `any()` -> `all()` here and below.
-#[cfg(any())]
+/// Run the bench on CUDA device `ordinal`: the only place that names the CUDA backend.
 pub fn run(
     path: &std::path::Path,
     ordinal: usize,
@@ -71,18 +67,4 @@ pub fn run(
         kv_type,
     };
     super::measure::run(path, be, &probe, plan, log)
-}
-
-#[cfg(not(any()))]
-pub fn run(
-    _path: &std::path::Path,
-    _ordinal: usize,
-    _kv_type: KvType,
-    _plan: &super::measure::Plan,
-    _log: &mut dyn FnMut(&str),
-) -> Result<super::measure::Report> {
-    anyhow::bail!(
-        "--device cuda: this build's CUDA backend does not implement the model Backend yet \
-         (src/bench/cuda.rs: flip the GATE once it does)"
-    )
 }

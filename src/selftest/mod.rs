@@ -4,6 +4,7 @@
 //! `Ok(false)` on any failure. Per-op checks implement [`KernelCheck`] and are registered in
 //! `checks/mod.rs`; an instance without a check fails.
 
+mod backend_ops;
 mod check;
 mod checks;
 pub mod models;
@@ -133,8 +134,21 @@ pub fn run(args: &SelftestArgs) -> anyhow::Result<bool> {
         dev.ptx_cache().compiles(),
         dev.ptx_cache().hits()
     );
+    let backend_failed = if args
+        .filter
+        .as_deref()
+        .is_none_or(|f| "backend".contains(f) || f.contains("backend"))
+    {
+        run_backend_ops(args, dev.ptx_cache().config().clone())
+    } else {
+        0
+    };
     let mut model_failed = 0;
-    if !args.skip_models {
+    let models_selected = args
+        .filter
+        .as_deref()
+        .is_none_or(|f| "models".contains(f) || f.contains("model"));
+    if !args.skip_models && models_selected {
         let mrows = models::run_gpu(args.device);
         print!("{}", models::format_rows(&mrows));
         model_failed = mrows.iter().filter(|r| !r.pass).count();
@@ -144,7 +158,31 @@ pub fn run(args: &SelftestArgs) -> anyhow::Result<bool> {
             mrows.len() - model_failed
         );
     }
-    Ok(failed == 0 && model_failed == 0)
+    Ok(failed == 0 && backend_failed == 0 && model_failed == 0)
+}
+
+/// The backend-level table (`backend_ops`): every CUDA backend op against the CPU backend.
+/// Returns the number of failed rows.
+fn run_backend_ops(args: &SelftestArgs, cache: codegen::ptx::CacheConfig) -> usize {
+    let rows = CudaDevice::with_cache(args.device, cache)
+        .map_err(anyhow::Error::from)
+        .and_then(|d| backend_ops::run(std::sync::Arc::new(d), args.seed));
+    match rows {
+        Ok(rows) => {
+            print!("{}", backend_ops::format_rows(&rows));
+            let failed = rows.iter().filter(|r| !r.pass).count();
+            println!(
+                "{} backend op checks, {} passed, {failed} failed",
+                rows.len(),
+                rows.len() - failed
+            );
+            failed
+        }
+        Err(e) => {
+            println!("backend op checks: error: {e}");
+            1
+        }
+    }
 }
 
 fn check_one(dev: &CudaDevice, spec: &'static KernelSpec, seed: u64, iters: usize) -> Row {

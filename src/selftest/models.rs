@@ -472,10 +472,8 @@ pub fn format_rows(rows: &[ModelRow]) -> String {
     s
 }
 
-/// The GPU run: the CUDA backend against the CPU backend. This is the only place that names the
-/// CUDA backend; it needs `impl Backend for CudaBackend` and `CudaBackend::new` (wt-core).
-// GATE (wt-core merge): `any()` -> `all()` here and below.
-#[cfg(any())]
+/// The GPU run: the CUDA backend (default FP8 KV) against the CPU backend; the only place
+/// that names the CUDA backend.
 pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
     use crate::backend::cuda::{CudaBackend, KvType};
     let cpu = Arc::new(crate::backend::cpu::CpuBackend::new());
@@ -483,14 +481,6 @@ pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
         Ok(gpu) => check_all(&Arc::new(gpu), &cpu),
         Err(e) => vec![ModelRow::failed("cuda backend".into(), e.to_string())],
     }
-}
-
-#[cfg(not(any()))]
-pub fn run_gpu(_ordinal: usize) -> Vec<ModelRow> {
-    vec![ModelRow::failed(
-        "cuda backend".into(),
-        "this build's CUDA backend does not implement the model Backend yet (src/selftest/models.rs GATE)".into(),
-    )]
 }
 
 #[cfg(test)]

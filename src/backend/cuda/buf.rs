@@ -36,7 +36,13 @@ impl<T> Copy for DevPtr<T> {}
 
 impl<T> std::fmt::Debug for DevPtr<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DevPtr({:#x}, {} x {})", self.ptr, self.len, std::any::type_name::<T>())
+        write!(
+            f,
+            "DevPtr({:#x}, {} x {})",
+            self.ptr,
+            self.len,
+            std::any::type_name::<T>()
+        )
     }
 }
 
@@ -144,7 +150,9 @@ pub struct Pool {
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool").field("stats", &self.stats()).finish()
+        f.debug_struct("Pool")
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -232,7 +240,10 @@ impl Pool {
     }
 
     /// A persistent buffer holding a copy of `data`.
-    pub fn upload_persistent<T: DeviceRepr>(self: &Arc<Self>, data: &[T]) -> Result<DevBuf, CudaError> {
+    pub fn upload_persistent<T: DeviceRepr>(
+        self: &Arc<Self>,
+        data: &[T],
+    ) -> Result<DevBuf, CudaError> {
         let buf = self.alloc_persistent(std::mem::size_of_val(data))?;
         buf.write(data)?;
         Ok(buf)
@@ -248,7 +259,9 @@ impl Pool {
     /// Free every cached buffer back to the driver. Invalidates any captured CUDA graph whose
     /// intermediates came from the pool: drop those graphs first.
     pub fn trim(&self) -> Result<(), CudaError> {
-        self.stream.synchronize().map_err(drv("synchronising before trim"))?;
+        self.stream
+            .synchronize()
+            .map_err(drv("synchronising before trim"))?;
         let mut g = self.lock();
         for (class, ptrs) in g.free.drain() {
             for p in ptrs {

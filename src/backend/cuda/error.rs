@@ -36,3 +36,35 @@ pub(crate) fn drv(
     let context = context.into();
     move |source| CudaError::Driver { context, source }
 }
+
+impl From<CudaError> for crate::backend::BackendError {
+    /// Launch validation errors are shape errors of the op; everything else (driver, kernel
+    /// lookup, PTX) is a device error.
+    fn from(e: CudaError) -> Self {
+        match e {
+            CudaError::Invalid { op, detail } => crate::backend::BackendError::Shape { op, detail },
+            other => crate::backend::BackendError::Device(format!("CUDA: {other}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CudaError;
+    use crate::backend::BackendError;
+
+    #[test]
+    fn errors_map_to_backend_errors() {
+        let e: BackendError = CudaError::Invalid {
+            op: "gemv",
+            detail: "n=0".into(),
+        }
+        .into();
+        assert!(matches!(e, BackendError::Shape { op: "gemv", .. }), "{e}");
+        let e: BackendError = CudaError::NoDevice.into();
+        assert!(
+            matches!(&e, BackendError::Device(m) if m.contains("no CUDA driver")),
+            "{e}"
+        );
+    }
+}

@@ -14,6 +14,7 @@ pub mod kv;
 mod launch;
 mod launch_decode;
 mod launch_linear;
+mod launch_ptr;
 pub mod moe;
 mod probe;
 pub mod types;
@@ -25,6 +26,7 @@ pub use error::CudaError;
 pub use launch::{GluShape, RopeLaunch};
 pub use launch_decode::{AttnDecodeLaunch, AttnScratch};
 pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
+pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, NormWeightPtr};
 pub use probe::cuda_available;
 pub use types::{GpuKvCache, GpuTensor, GpuWeight, KvType, WeightView};
 

@@ -1,10 +1,14 @@
 //! The registry of per-op checks. Add one line per check (its own file in this folder).
 
 mod attn_decode;
+mod cast_bf16;
 mod convert;
+mod embed;
+mod ewise;
 mod gemm;
 mod gemv;
 mod glu;
+mod l2_norm;
 mod read_bw;
 mod rmsnorm;
 mod rope;
@@ -28,6 +32,10 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &sample::SampleCheck,
         &read_bw::ReadBwCheck,
         &convert::ConvertCheck,
+        &embed::EmbedCheck,
+        &ewise::EwiseCheck,
+        &l2_norm::L2NormCheck,
+        &cast_bf16::CastBf16Check,
     ]
 }
 

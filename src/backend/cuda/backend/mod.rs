@@ -1,16 +1,51 @@
 //! [`CudaBackend`]: the `Backend` trait on one CUDA device. Models run on it unchanged.
+//!
+//! Split by concern: `weights.rs` (upload), `linear.rs` (GEMV / GEMM), `elementwise.rs`
+//! (elementwise, shape, norms, RoPE, embedding), `step.rs` (token ids and positions of the
+//! current pass in device memory). KV cache, attention and MoE delegate to `CudaDevice` methods
+//! in `kv.rs` / `moe.rs`.
+//!
+//! Everything runs on the device's one stream; ops allocate their outputs from the pool and
+//! never synchronise, except `to_host`. Kernels are resolved once per (op, quant, batch) and
+//! kept with their loaded function, so a launch does no lookup by name.
 
-use std::sync::Arc;
+mod elementwise;
+mod linear;
+mod step;
+mod weights;
 
-use super::buf::Pool;
-use super::types::KvType;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::buf::{read_ptr, DevBuf, Pool, PoolStats};
+use super::error::CudaError;
+use super::launch_ptr::Kern;
+use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
 use super::CudaDevice;
+use crate::backend::{
+    Activation, AttnParams, Backend, BackendError, KvShape, MoeParams, Norm, Result, Rope,
+};
+use crate::kernels::{BatchBucket, Op, Quant};
+use crate::weights::TensorRef;
+
+use step::StepState;
 
 /// The CUDA backend: a device, its memory pool and the options the models' ops need.
 pub struct CudaBackend {
     pub dev: Arc<CudaDevice>,
     pub pool: Arc<Pool>,
     pub kv_type: KvType,
+    /// Multiprocessor count (GEMV grid sizing).
+    sms: u32,
+    /// Resolved kernels by (op, quant, batch).
+    kernels: Mutex<HashMap<(Op, Quant, BatchBucket), Kern>>,
+    /// Token ids and positions of the current forward pass.
+    step: Mutex<StepState>,
+    /// RoPE frequency divisors on the device, keyed by their bits.
+    freq: Mutex<HashMap<Vec<u32>, DevBuf>>,
+    /// Weight bytes copied to the device so far (for a progress bar).
+    progress: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -19,5 +54,390 @@ impl std::fmt::Debug for CudaBackend {
             .field("dev", &self.dev)
             .field("kv_type", &self.kv_type)
             .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl CudaBackend {
+    /// Open device `ordinal` (PTX cache from the environment) with a pool on its stream.
+    pub fn new(ordinal: usize, kv_type: KvType) -> std::result::Result<CudaBackend, CudaError> {
+        Self::with_device(Arc::new(CudaDevice::new(ordinal)?), kv_type)
+    }
+
+    /// A backend on an already opened device.
+    pub fn with_device(
+        dev: Arc<CudaDevice>,
+        kv_type: KvType,
+    ) -> std::result::Result<CudaBackend, CudaError> {
+        let pool = Pool::new(dev.stream().clone());
+        let sms = dev.sm_count()?;
+        Ok(CudaBackend {
+            dev,
+            pool,
+            kv_type,
+            sms,
+            kernels: Mutex::new(HashMap::new()),
+            step: Mutex::new(StepState::default()),
+            freq: Mutex::new(HashMap::new()),
+            progress: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> std::result::Result<(usize, usize), CudaError> {
+        self.dev
+            .context()
+            .mem_get_info()
+            .map_err(super::error::drv("reading device memory info"))
+    }
+
+    /// Usage counters of the pool (activations, weights and caches).
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Weight bytes uploaded so far; a caller may poll it from another thread to draw a
+    /// progress bar while the model loads.
+    pub fn upload_progress(&self) -> Arc<AtomicUsize> {
+        self.progress.clone()
+    }
+
+    /// The kernel of `(op, quant, batch)`, resolved and loaded once.
+    pub(crate) fn kern(&self, op: Op, quant: Quant, batch: BatchBucket) -> Result<Kern> {
+        let key = (op, quant, batch);
+        if let Some(k) = lock(&self.kernels).get(&key) {
+            return Ok(k.clone());
+        }
+        let k = self.dev.kern(op, quant, batch)?;
+        lock(&self.kernels).insert(key, k.clone());
+        Ok(k)
+    }
+
+    fn step(&self) -> MutexGuard<'_, StepState> {
+        lock(&self.step)
+    }
+}
+
+fn gdn_unsupported(op: &'static str) -> BackendError {
+    BackendError::Unsupported {
+        op,
+        backend: "cuda",
+        detail:
+            "Qwen3.5 Gated DeltaNet layers do not run on the CUDA backend yet; use --device cpu"
+                .into(),
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = GpuTensor;
+    type Weight = GpuWeight;
+    type KvCache = GpuKvCache;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn begin_forward(&self, ids: &[u32], pos0: usize) -> Result<()> {
+        Ok(self.step().begin(&self.pool, ids, pos0)?)
+    }
+
+    fn upload(&self, w: &TensorRef<'_>) -> Result<GpuWeight> {
+        self.upload_weight(w)
+    }
+
+    fn tensor(&self, data: &[f32], rows: usize, cols: usize) -> Result<GpuTensor> {
+        if data.len() != rows * cols {
+            return Err(BackendError::Shape {
+                op: "tensor",
+                detail: format!("{} values for [{rows}, {cols}]", data.len()),
+            });
+        }
+        let t = self.alloc_tensor(rows, cols)?;
+        t.buf.write(data)?;
+        Ok(t)
+    }
+
+    fn to_host(&self, t: &GpuTensor) -> Result<Vec<f32>> {
+        Ok(read_ptr(self.pool.stream(), t.ptr(), t.len())?)
+    }
+
+    fn dims(&self, t: &GpuTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    fn weight_vector(&self, w: &GpuWeight) -> Result<GpuTensor> {
+        let src = match (&w.f32, w.quant) {
+            (Some(b), _) => b,
+            (None, Quant::F32) => &w.data,
+            _ => {
+                return Err(BackendError::Unsupported {
+                    op: "weight_vector",
+                    backend: "cuda",
+                    detail: format!("a {} weight of shape {:?}", w.quant, w.shape),
+                })
+            }
+        };
+        let n: usize = w.shape.iter().product();
+        let t = self.alloc_tensor(1, n)?;
+        super::buf::copy(self.pool.stream(), t.ptr(), linear::slice(src.f32(), n)?)?;
+        Ok(t)
+    }
+
+    fn embed(&self, table: &GpuWeight, ids: &[u32], scale: f32) -> Result<GpuTensor> {
+        self.embed_impl(table, ids, scale)
+    }
+
+    fn linear(&self, x: &GpuTensor, w: &GpuWeight) -> Result<GpuTensor> {
+        self.linear_impl(x, w)
+    }
+
+    fn add(&self, a: &GpuTensor, b: &GpuTensor) -> Result<GpuTensor> {
+        self.add_impl(a, b)
+    }
+
+    fn mul(&self, a: &GpuTensor, b: &GpuTensor) -> Result<GpuTensor> {
+        self.mul_impl(a, b)
+    }
+
+    fn scale(&self, a: &GpuTensor, s: f32) -> Result<GpuTensor> {
+        self.scale_impl(a, s)
+    }
+
+    fn glu(&self, gate: &GpuTensor, up: &GpuTensor, act: Activation) -> Result<GpuTensor> {
+        self.glu_impl(gate, up, act)
+    }
+
+    fn sigmoid_gate(&self, x: &GpuTensor, gate: &GpuTensor) -> Result<GpuTensor> {
+        self.sigmoid_gate_impl(x, gate)
+    }
+
+    fn softcap(&self, x: &GpuTensor, cap: f32) -> Result<GpuTensor> {
+        self.softcap_impl(x, cap)
+    }
+
+    fn slice_cols(&self, x: &GpuTensor, start: usize, len: usize) -> Result<GpuTensor> {
+        self.slice_cols_impl(x, start, len)
+    }
+
+    fn slice_rows(&self, x: &GpuTensor, start: usize, len: usize) -> Result<GpuTensor> {
+        self.slice_rows_impl(x, start, len)
+    }
+
+    fn concat_cols(&self, parts: &[&GpuTensor]) -> Result<GpuTensor> {
+        self.concat_cols_impl(parts)
+    }
+
+    fn split_heads(
+        &self,
+        x: &GpuTensor,
+        n_heads: usize,
+        sizes: &[usize],
+    ) -> Result<Vec<GpuTensor>> {
+        self.split_heads_impl(x, n_heads, sizes)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &GpuTensor,
+        w: Norm<'_, GpuTensor>,
+        eps: f32,
+        dim: usize,
+    ) -> Result<GpuTensor> {
+        self.rms_norm_impl(x, w, eps, dim)
+    }
+
+    fn l2_norm(&self, x: &GpuTensor, eps: f32, dim: usize) -> Result<GpuTensor> {
+        self.l2_norm_impl(x, eps, dim)
+    }
+
+    fn rope(&self, x: &GpuTensor, n_heads: usize, pos0: usize, rope: &Rope) -> Result<GpuTensor> {
+        self.rope_impl(x, n_heads, pos0, rope)
+    }
+
+    fn kv_cache(&self, shape: KvShape) -> Result<GpuKvCache> {
+        Ok(self.dev.kv_cache_new(&self.pool, shape, self.kv_type)?)
+    }
+
+    fn kv_write(
+        &self,
+        cache: &mut GpuKvCache,
+        pos0: usize,
+        k: &GpuTensor,
+        v: &GpuTensor,
+    ) -> Result<()> {
+        let width = cache.shape.n_kv_heads * cache.shape.head_dim;
+        if k.rows != v.rows || k.cols != width || v.cols != width {
+            return Err(BackendError::Shape {
+                op: "kv_write",
+                detail: format!(
+                    "k [{}, {}] / v [{}, {}] for {} heads x {}",
+                    k.rows, k.cols, v.rows, v.cols, cache.shape.n_kv_heads, cache.shape.head_dim
+                ),
+            });
+        }
+        if k.rows == 0 {
+            return Ok(());
+        }
+        let pos = self.positions(pos0, k.rows)?;
+        self.dev
+            .kv_write(cache, pos.ptr, k.ptr(), v.ptr(), k.rows)?;
+        cache.len = cache.len.max(pos0 + k.rows);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &GpuTensor,
+        cache: &GpuKvCache,
+        pos0: usize,
+        p: &AttnParams,
+    ) -> Result<GpuTensor> {
+        let width = p.n_heads * p.head_dim;
+        if q.cols != width {
+            return Err(BackendError::Shape {
+                op: "attention",
+                detail: format!(
+                    "q has {} columns, {} heads x {}",
+                    q.cols, p.n_heads, p.head_dim
+                ),
+            });
+        }
+        if q.rows == 0 {
+            return self.alloc_tensor(0, width);
+        }
+        let pos = self.positions(pos0, q.rows)?;
+        let max_pos = pos0 + q.rows - 1;
+        let buf = self
+            .dev
+            .attention(&self.pool, q.ptr(), q.rows, cache, pos.ptr, max_pos, p)?;
+        if buf.bytes() < q.rows * width * 4 {
+            return Err(BackendError::Device(format!(
+                "attention returned {} bytes for [{}, {width}]",
+                buf.bytes(),
+                q.rows
+            )));
+        }
+        Ok(GpuTensor {
+            buf,
+            rows: q.rows,
+            cols: width,
+        })
+    }
+
+    fn kv_truncate(&self, cache: &mut GpuKvCache, len: usize) -> Result<()> {
+        // positions beyond `len` are simply overwritten by later writes
+        cache.len = len;
+        Ok(())
+    }
+
+    fn moe(
+        &self,
+        x: &GpuTensor,
+        router_logits: &GpuTensor,
+        gate: &GpuWeight,
+        up: &GpuWeight,
+        down: &GpuWeight,
+        p: &MoeParams,
+    ) -> Result<GpuTensor> {
+        if router_logits.rows != x.rows || router_logits.cols != p.n_experts {
+            return Err(BackendError::Shape {
+                op: "moe",
+                detail: format!(
+                    "router logits [{}, {}] for {} rows and {} experts",
+                    router_logits.rows, router_logits.cols, x.rows, p.n_experts
+                ),
+            });
+        }
+        let buf = self.dev.moe(
+            &self.pool,
+            x.ptr(),
+            x.rows,
+            router_logits.ptr(),
+            gate,
+            up,
+            down,
+            p,
+        )?;
+        if buf.bytes() < x.len() * 4 {
+            return Err(BackendError::Device(format!(
+                "moe returned {} bytes for [{}, {}]",
+                buf.bytes(),
+                x.rows,
+                x.cols
+            )));
+        }
+        Ok(GpuTensor {
+            buf,
+            rows: x.rows,
+            cols: x.cols,
+        })
+    }
+
+    fn causal_conv1d_silu(
+        &self,
+        _x: &GpuTensor,
+        _w: &GpuWeight,
+        _state: &mut GpuTensor,
+    ) -> Result<GpuTensor> {
+        Err(gdn_unsupported("causal_conv1d_silu"))
+    }
+
+    fn gdn_gates(
+        &self,
+        _a: &GpuTensor,
+        _b: &GpuTensor,
+        _neg_a: &GpuTensor,
+        _dt_bias: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        Err(gdn_unsupported("gdn_gates"))
+    }
+
+    fn gated_delta_rule(
+        &self,
+        _q: &GpuTensor,
+        _k: &GpuTensor,
+        _v: &GpuTensor,
+        _g: &GpuTensor,
+        _beta: &GpuTensor,
+        _state: &mut GpuTensor,
+        _dk: usize,
+        _dv: usize,
+    ) -> Result<GpuTensor> {
+        Err(gdn_unsupported("gated_delta_rule"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::step::{step_image, StepState};
+
+    #[test]
+    fn step_buffer_matching() {
+        let s = StepState::fake(&[5, 6, 7], 10);
+        assert!(s.ids_match(&[5, 6, 7]));
+        assert!(!s.ids_match(&[5, 6]));
+        assert!(!s.ids_match(&[5, 6, 8]));
+        // positions 10..13 registered: any sub-range matches at its offset
+        assert_eq!(s.pos_offset(10, 3), Some(0));
+        assert_eq!(s.pos_offset(12, 1), Some(2));
+        assert_eq!(s.pos_offset(11, 3), None);
+        assert_eq!(s.pos_offset(9, 1), None);
+        assert_eq!(s.pos_offset(10, 0), None);
+        // no device buffer in this fake: the device pointers are absent, callers upload
+        assert!(s.ids_ptr(&[5, 6, 7]).is_none());
+        assert!(s.pos_ptr(10, 3).is_none());
+        let empty = StepState::default();
+        assert!(!empty.ids_match(&[]));
+        assert_eq!(empty.pos_offset(0, 1), None);
+    }
+
+    #[test]
+    fn step_image_layout() {
+        assert_eq!(step_image(&[3, 4], 7).unwrap(), vec![3, 4, 7, 8]);
+        assert!(step_image(&[u32::MAX], 0).is_err());
+        assert!(step_image(&[1], i32::MAX as usize).is_err());
     }
 }

@@ -1,0 +1,195 @@
+//! `linear` (`x @ w^T`) on the device.
+//!
+//! - n <= 8 rows: the decode GEMV of the smallest batch bucket >= n (1, 2, 4, 8); block formats
+//!   first quantise the activations to int8 per 32 (`quantize_q8`). When n is not a bucket the
+//!   rows are padded with zeros (the GEMV reads `bucket` rows of x, `[bucket][k]`, and writes
+//!   `bucket` rows of y; the tensor returned is the first n rows of that buffer).
+//! - n > 8: activations to bf16 (`cast_bf16`) and the tensor-core GEMM of the weight format
+//!   (bf16 and the GGUF block formats); formats without a GEMM instance (F32, F16) run the
+//!   batch-8 GEMV over chunks of 8 rows.
+//!
+//! The n = 1 path allocates only from the pool and copies nothing from the host.
+
+use super::super::buf::{memset, DevBuf, DevPtr};
+use super::super::types::{GpuTensor, GpuWeight};
+use super::super::weight_block;
+use super::CudaBackend;
+use crate::backend::{BackendError, Result};
+use crate::kernels::{BatchBucket, Op, Quant};
+
+/// The GEMV bucket for `n` rows (n in 1..=8).
+pub(crate) fn gemv_bucket(n: usize) -> Option<(BatchBucket, usize)> {
+    match n {
+        1 => Some((BatchBucket::B1, 1)),
+        2 => Some((BatchBucket::B2, 2)),
+        3..=4 => Some((BatchBucket::B4, 4)),
+        5..=8 => Some((BatchBucket::B8, 8)),
+        _ => None,
+    }
+}
+
+/// Whether the weight format has a tensor-core GEMM instance taking bf16 activations.
+pub(crate) fn has_gemm(q: Quant) -> bool {
+    matches!(
+        q,
+        Quant::Bf16 | Quant::Q8_0 | Quant::Q4_0 | Quant::Q5_0 | Quant::Q4K | Quant::Q6K
+    )
+}
+
+fn shape(detail: String) -> BackendError {
+    BackendError::Shape {
+        op: "linear",
+        detail,
+    }
+}
+
+impl CudaBackend {
+    pub(super) fn linear_impl(&self, x: &GpuTensor, w: &GpuWeight) -> Result<GpuTensor> {
+        let v = w.matrix()?;
+        let (n, k, out) = (x.rows, x.cols, v.rows);
+        if k != v.cols {
+            return Err(shape(format!(
+                "x [{n}, {k}] against weight {:?} (in = {})",
+                w.shape, v.cols
+            )));
+        }
+        if n == 0 {
+            return Ok(GpuTensor {
+                buf: self.pool.alloc(0)?,
+                rows: 0,
+                cols: out,
+            });
+        }
+        let (be, _) = weight_block(v.quant)
+            .ok_or_else(|| shape(format!("no kernels for weight format {}", v.quant)))?;
+        if be > 1 && k % 32 != 0 {
+            return Err(shape(format!("{k} inputs is not whole 32-value blocks")));
+        }
+        if n <= 8 {
+            return self.gemv_rows(x.ptr(), n, v.data, v.quant, (out, k));
+        }
+        if has_gemm(v.quant) && k % 8 == 0 {
+            if let Ok(g) = self.kern(Op::Gemm, v.quant, BatchBucket::Any) {
+                let a = self.pool.alloc(n * k * 2)?;
+                let a16: DevPtr<u16> = slice(a.ptr(), n * k)?;
+                let cast = self.kern(Op::CastBf16, Quant::F32, BatchBucket::Any)?;
+                self.dev.cast_bf16_ptr(&cast, x.ptr(), a16)?;
+                let c = self.pool.alloc(n * out * 4)?;
+                self.dev
+                    .gemm_ptr(&g, a16, v.data, slice(c.f32(), n * out)?, (n, out, k))?;
+                return Ok(GpuTensor {
+                    buf: c,
+                    rows: n,
+                    cols: out,
+                });
+            }
+        }
+        // chunks of 8 rows through the batch-8 GEMV (output rows rounded up to 8)
+        let chunks = n.div_ceil(8);
+        let y = self.pool.alloc(chunks * 8 * out * 4)?;
+        let xp = x.ptr();
+        for c in 0..chunks {
+            let rows = 8.min(n - 8 * c);
+            let xs = sub(xp, 8 * c * k, rows * k)?;
+            let part = self.gemv_rows(xs, rows, v.data, v.quant, (out, k))?;
+            let dst = sub(y.f32(), 8 * c * out, rows * out)?;
+            super::super::buf::copy(self.pool.stream(), dst, part.ptr())?;
+        }
+        Ok(GpuTensor {
+            buf: y,
+            rows: n,
+            cols: out,
+        })
+    }
+
+    /// `rows` (1..=8) rows of `x` against `w` (`[out, k]` of `q`) through the GEMV bucket.
+    fn gemv_rows(
+        &self,
+        x: DevPtr<f32>,
+        rows: usize,
+        w: DevPtr<u8>,
+        q: Quant,
+        (out, k): (usize, usize),
+    ) -> Result<GpuTensor> {
+        let (bucket, b) = gemv_bucket(rows).ok_or_else(|| shape(format!("{rows} GEMV rows")))?;
+        let kn = self.kern(Op::Gemv, q, bucket)?;
+        // x padded to `b` rows with zeros when rows is not a bucket
+        let padded: Option<DevBuf> = if rows == b {
+            None
+        } else {
+            let p = self.pool.alloc(b * k * 4)?;
+            let all = slice(p.f32(), b * k)?;
+            memset(self.pool.stream(), all, 0)?;
+            super::super::buf::copy(self.pool.stream(), slice(all, rows * k)?, x)?;
+            Some(p)
+        };
+        let xb = match &padded {
+            Some(p) => slice(p.f32(), b * k)?,
+            None => x,
+        };
+        let block = weight_block(q).is_some_and(|(be, _)| be > 1);
+        let (qbuf, dbuf);
+        let (xq, xds) = if block {
+            qbuf = self.pool.alloc(b * k)?;
+            dbuf = self.pool.alloc(b * k / 16 * 4)?;
+            let (xq, xds) = (
+                slice(qbuf.ptr::<i8>(), b * k)?,
+                slice(dbuf.f32(), b * k / 16)?,
+            );
+            let qk = self.kern(Op::QuantizeQ8, Quant::F32, BatchBucket::Any)?;
+            self.dev.quantize_q8_ptr(&qk, xb, xq, xds)?;
+            (xq, xds)
+        } else {
+            (DevPtr::null(), DevPtr::null())
+        };
+        let y = self.pool.alloc(b * out * 4)?;
+        self.dev.gemv_ptr(
+            &kn,
+            w,
+            xb,
+            xq,
+            xds,
+            slice(y.f32(), b * out)?,
+            (out, k),
+            self.sms,
+        )?;
+        Ok(GpuTensor {
+            buf: y,
+            rows,
+            cols: out,
+        })
+    }
+}
+
+/// The first `len` values of `p` (an error when shorter).
+pub(crate) fn slice<T>(p: DevPtr<T>, len: usize) -> Result<DevPtr<T>> {
+    sub(p, 0, len)
+}
+
+/// Values `[start, start + len)` of `p` (an error when out of range).
+pub(crate) fn sub<T>(p: DevPtr<T>, start: usize, len: usize) -> Result<DevPtr<T>> {
+    p.slice(start, len).ok_or_else(|| {
+        BackendError::Device(format!(
+            "values [{start}, {start}+{len}) of a device buffer of {}",
+            p.len()
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_small_batches() {
+        assert_eq!(gemv_bucket(1), Some((BatchBucket::B1, 1)));
+        assert_eq!(gemv_bucket(2), Some((BatchBucket::B2, 2)));
+        assert_eq!(gemv_bucket(3), Some((BatchBucket::B4, 4)));
+        assert_eq!(gemv_bucket(5), Some((BatchBucket::B8, 8)));
+        assert_eq!(gemv_bucket(8), Some((BatchBucket::B8, 8)));
+        assert_eq!(gemv_bucket(0), None);
+        assert_eq!(gemv_bucket(9), None);
+        assert!(has_gemm(Quant::Q4K) && has_gemm(Quant::Bf16));
+        assert!(!has_gemm(Quant::F16) && !has_gemm(Quant::F32) && !has_gemm(Quant::Fp8E4m3));
+    }
+}

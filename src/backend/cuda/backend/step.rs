@@ -1,0 +1,124 @@
+//! Step inputs in device memory: the token ids and positions of the current forward pass,
+//! uploaded once by `Backend::begin_forward` into a persistent buffer, so that `embed`, `rope`,
+//! `kv_write` and `attention` read them from the device (a decode step then issues no host
+//! copy and can be replayed as a CUDA graph at any position).
+//!
+//! Layout of the buffer for a pass of `n` tokens: ids `[0, n)`, positions `[n, 2n)` (i32).
+//! An op whose ids or positions are not the registered ones (e.g. a model that embeds other
+//! ids) uploads its own pooled copy: still correct, only not graph-capturable.
+
+use std::sync::Arc;
+
+use super::super::buf::{DevBuf, DevPtr, Pool};
+use super::super::error::CudaError;
+
+/// Host view of what the step buffer holds.
+#[derive(Debug, Default)]
+pub(crate) struct StepState {
+    buf: Option<DevBuf>,
+    /// Capacity of `buf` in i32 values.
+    cap: usize,
+    ids: Vec<u32>,
+    pos0: usize,
+    n: usize,
+}
+
+/// Host image of the step buffer: ids then positions, i32.
+pub(crate) fn step_image(ids: &[u32], pos0: usize) -> Result<Vec<i32>, CudaError> {
+    let n = ids.len();
+    let bad = |detail: String| CudaError::Invalid {
+        op: "begin_forward",
+        detail,
+    };
+    if pos0.checked_add(n).is_none_or(|e| e > i32::MAX as usize) {
+        return Err(bad(format!("positions {pos0}+{n} exceed i32")));
+    }
+    let mut v = Vec::with_capacity(2 * n);
+    for &id in ids {
+        v.push(i32::try_from(id).map_err(|_| bad(format!("token id {id} exceeds i32")))?);
+    }
+    v.extend((pos0..pos0 + n).map(|p| p as i32));
+    Ok(v)
+}
+
+impl StepState {
+    /// Register this pass's ids and first position; grows the buffer (outside any capture)
+    /// when needed, then copies ids and positions to the device.
+    pub fn begin(&mut self, pool: &Arc<Pool>, ids: &[u32], pos0: usize) -> Result<(), CudaError> {
+        let image = step_image(ids, pos0)?;
+        if image.len() > self.cap || self.buf.is_none() {
+            let cap = image.len().next_power_of_two().max(64);
+            self.buf = None;
+            self.buf = Some(pool.alloc_persistent(cap * 4)?);
+            self.cap = cap;
+        }
+        if let Some(b) = &self.buf {
+            b.write(&image)?;
+        }
+        self.ids.clear();
+        self.ids.extend_from_slice(ids);
+        self.pos0 = pos0;
+        self.n = ids.len();
+        Ok(())
+    }
+
+    /// Whether `ids` are this pass's ids.
+    pub fn ids_match(&self, ids: &[u32]) -> bool {
+        self.n > 0 && self.ids == ids
+    }
+
+    /// Offset into this pass's positions of `rows` rows starting at `pos0`, when registered.
+    pub fn pos_offset(&self, pos0: usize, rows: usize) -> Option<usize> {
+        (rows > 0 && pos0 >= self.pos0 && pos0 + rows <= self.pos0 + self.n)
+            .then(|| pos0 - self.pos0)
+    }
+
+    /// The registered ids on the device, when `ids` match.
+    pub fn ids_ptr(&self, ids: &[u32]) -> Option<DevPtr<i32>> {
+        if !self.ids_match(ids) {
+            return None;
+        }
+        self.buf.as_ref()?.ptr::<i32>().slice(0, self.n)
+    }
+
+    /// Positions `pos0 .. pos0 + rows` on the device, when registered.
+    pub fn pos_ptr(&self, pos0: usize, rows: usize) -> Option<DevPtr<i32>> {
+        let off = self.pos_offset(pos0, rows)?;
+        self.buf.as_ref()?.ptr::<i32>().slice(self.n + off, rows)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn fake(ids: &[u32], pos0: usize) -> StepState {
+        StepState {
+            buf: None,
+            cap: 0,
+            ids: ids.to_vec(),
+            pos0,
+            n: ids.len(),
+        }
+    }
+}
+
+/// Device ids or positions for one op: a slice of the step buffer, or a pooled upload kept
+/// alive until the op's launches are queued.
+pub(crate) struct StepInput {
+    pub ptr: DevPtr<i32>,
+    _owned: Option<DevBuf>,
+}
+
+impl StepInput {
+    pub fn registered(ptr: DevPtr<i32>) -> StepInput {
+        StepInput { ptr, _owned: None }
+    }
+    pub fn upload(pool: &Arc<Pool>, v: &[i32]) -> Result<StepInput, CudaError> {
+        let b = pool.upload(v)?;
+        let ptr = b.ptr::<i32>().slice(0, v.len()).ok_or(CudaError::Invalid {
+            op: "step input",
+            detail: "pooled buffer shorter than requested".into(),
+        })?;
+        Ok(StepInput {
+            ptr,
+            _owned: Some(b),
+        })
+    }
+}

@@ -1,0 +1,253 @@
+//! Weight upload: checkpoint tensors to the device in their stored format (GGUF blocks and
+//! F32/F16/BF16 elements as they are), with host conversion only where no kernel reads the
+//! format: other GGML block types become F16, block-scaled FP8 becomes BF16 (no FP8 GEMV yet),
+//! 1-D weights (norms, scalars) become f32. NVFP4 is refused.
+
+use std::sync::atomic::Ordering;
+
+use cudarc::driver::result;
+
+use super::super::buf::{DevBuf, DevPtr};
+use super::super::error::{drv, CudaError};
+use super::super::types::GpuWeight;
+use super::CudaBackend;
+use crate::backend::{BackendError, Result};
+use crate::kernels::Quant;
+use crate::quant::GgmlType;
+use crate::weights::{TensorFormat, TensorRef};
+
+/// How a checkpoint tensor is stored on the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Bytes as they are, read by kernels of this format.
+    AsIs(Quant),
+    /// Dequantised on the host, stored as F16 (GGML types without kernels).
+    ToF16,
+    /// Dequantised on the host, stored as BF16 (block-scaled FP8: no FP8 GEMV path yet).
+    ToBf16,
+    /// A 1-D weight: stored as f32 (what `weight_vector` returns).
+    Vector,
+    /// Not supported on the CUDA backend.
+    Unsupported(String),
+}
+
+/// The kernel format of a GGML type stored as it is, if any.
+pub(crate) fn ggml_quant(ty: GgmlType) -> Option<Quant> {
+    Some(match ty {
+        GgmlType::F32 => Quant::F32,
+        GgmlType::F16 => Quant::F16,
+        GgmlType::BF16 => Quant::Bf16,
+        GgmlType::Q8_0 => Quant::Q8_0,
+        GgmlType::Q4_0 => Quant::Q4_0,
+        GgmlType::Q5_0 => Quant::Q5_0,
+        GgmlType::Q4K => Quant::Q4K,
+        GgmlType::Q6K => Quant::Q6K,
+        _ => return None,
+    })
+}
+
+/// The storage plan of a tensor of `format` and `shape`.
+pub(crate) fn plan(format: TensorFormat, shape: &[usize]) -> Plan {
+    if format == TensorFormat::NvFp4 {
+        return Plan::Unsupported(
+            "NVFP4 weights have no kernels on the CUDA backend yet (use --device cpu)".into(),
+        );
+    }
+    if shape.len() <= 1 {
+        return Plan::Vector;
+    }
+    match format {
+        TensorFormat::Ggml(ty) => match ggml_quant(ty) {
+            Some(q) => Plan::AsIs(q),
+            None if ty.can_dequantize() => Plan::ToF16,
+            None => Plan::Unsupported(format!("GGML type {} cannot be dequantised", ty.name())),
+        },
+        TensorFormat::Fp8 { .. } => Plan::ToBf16,
+        TensorFormat::NvFp4 => unreachable!("handled above"),
+    }
+}
+
+fn unsupported(name: &str, detail: String) -> BackendError {
+    BackendError::Unsupported {
+        op: "upload",
+        backend: "cuda",
+        detail: format!("{name}: {detail}"),
+    }
+}
+
+fn werr(e: crate::weights::WeightsError) -> BackendError {
+    BackendError::Device(e.to_string())
+}
+
+/// Bytes per host->device copy (the progress counter advances by these).
+const CHUNK: usize = 64 << 20;
+
+impl CudaBackend {
+    /// Copy `data` to `dst` (device) in chunks, counting uploaded bytes.
+    fn write_counted(&self, dst: DevPtr<u8>, data: &[u8]) -> Result<()> {
+        if data.len() > dst.len() {
+            return Err(CudaError::Invalid {
+                op: "upload",
+                detail: format!("{} bytes into {}", data.len(), dst.len()),
+            }
+            .into());
+        }
+        let stream = self.pool.stream();
+        for (i, c) in data.chunks(CHUNK).enumerate() {
+            let at = dst.raw() + (i * CHUNK) as u64;
+            // SAFETY: `dst` addresses data.len() bytes (checked); a pageable source is staged
+            // before the call returns.
+            unsafe { result::memcpy_htod_async(at, c, stream.cu_stream()) }
+                .map_err(drv("uploading weights"))?;
+            self.progress.fetch_add(c.len(), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn alloc_weight(&self, bytes: usize) -> Result<DevBuf> {
+        Ok(self.pool.alloc_persistent(bytes)?)
+    }
+
+    /// Dequantise `w` on the host a slab of rows at a time, convert each value with `enc`
+    /// (2 bytes per element) and upload.
+    fn upload_converted(&self, w: &TensorRef<'_>, enc: fn(f32) -> u16) -> Result<DevBuf> {
+        let (rows, cols) = (w.rows(), w.cols());
+        let buf = self.alloc_weight(rows * cols * 2)?;
+        let slab = (CHUNK / 8 / cols.max(1)).max(1);
+        let mut f = Vec::new();
+        let mut bytes = Vec::new();
+        let mut r = 0;
+        while r < rows {
+            let n = slab.min(rows - r);
+            f.resize(n * cols, 0f32);
+            w.dequantize_rows(r, n, &mut f).map_err(werr)?;
+            bytes.clear();
+            bytes.extend(f.iter().flat_map(|&v| enc(v).to_le_bytes()));
+            let dst = buf.u8().slice(r * cols * 2, n * cols * 2).ok_or_else(|| {
+                BackendError::Device(format!("{}: converted slab out of range", w.name))
+            })?;
+            self.write_counted(dst, &bytes)?;
+            r += n;
+        }
+        Ok(buf)
+    }
+
+    pub(super) fn upload_weight(&self, w: &TensorRef<'_>) -> Result<GpuWeight> {
+        let shape = w.shape.clone();
+        let numel = w.numel();
+        let weight = |data: DevBuf, quant: Quant, f32: Option<DevBuf>| GpuWeight {
+            data,
+            quant,
+            shape: shape.clone(),
+            scales: None,
+            fp8_block: (0, 0),
+            f32,
+        };
+        match plan(w.format, &w.shape) {
+            Plan::Unsupported(d) => Err(unsupported(&w.name, d)),
+            Plan::AsIs(q) => {
+                let (be, bb) = super::super::weight_block(q)
+                    .ok_or_else(|| unsupported(&w.name, format!("no kernels for {q}")))?;
+                let cols = w.cols();
+                if cols % be != 0 {
+                    return Err(BackendError::Shape {
+                        op: "upload",
+                        detail: format!("{}: {cols} columns is not whole {q} blocks", w.name),
+                    });
+                }
+                let bytes = w.rows() * (cols / be) * bb;
+                if w.data.len() < bytes {
+                    return Err(BackendError::Shape {
+                        op: "upload",
+                        detail: format!(
+                            "{}: {} bytes for shape {:?} of {q}, need {bytes}",
+                            w.name,
+                            w.data.len(),
+                            w.shape
+                        ),
+                    });
+                }
+                let buf = self.alloc_weight(bytes)?;
+                self.write_counted(buf.u8(), &w.data[..bytes])?;
+                Ok(weight(buf, q, None))
+            }
+            Plan::ToF16 => {
+                tracing::debug!(
+                    "{}: {:?} has no CUDA kernels; stored as F16 (dequantised on the host)",
+                    w.name,
+                    w.format
+                );
+                let buf = self.upload_converted(w, |v| half::f16::from_f32(v).to_bits())?;
+                Ok(weight(buf, Quant::F16, None))
+            }
+            Plan::ToBf16 => {
+                tracing::debug!(
+                    "{}: block-scaled FP8 has no CUDA GEMV yet; stored as BF16",
+                    w.name
+                );
+                let buf = self.upload_converted(w, |v| half::bf16::from_f32(v).to_bits())?;
+                Ok(weight(buf, Quant::Bf16, None))
+            }
+            Plan::Vector => {
+                let mut f = vec![0f32; numel];
+                if numel > 0 {
+                    w.dequantize_rows(0, w.rows(), &mut f).map_err(werr)?;
+                }
+                let bytes: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let data = self.alloc_weight(bytes.len())?;
+                self.write_counted(data.u8(), &bytes)?;
+                let copy = self.alloc_weight(bytes.len())?;
+                super::super::buf::copy(self.pool.stream(), copy.u8(), data.u8())?;
+                Ok(weight(data, Quant::F32, Some(copy)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_plans() {
+        let m = [4usize, 64];
+        for (ty, q) in [
+            (GgmlType::F32, Quant::F32),
+            (GgmlType::F16, Quant::F16),
+            (GgmlType::BF16, Quant::Bf16),
+            (GgmlType::Q8_0, Quant::Q8_0),
+            (GgmlType::Q4_0, Quant::Q4_0),
+            (GgmlType::Q5_0, Quant::Q5_0),
+            (GgmlType::Q4K, Quant::Q4K),
+            (GgmlType::Q6K, Quant::Q6K),
+        ] {
+            assert_eq!(plan(TensorFormat::Ggml(ty), &m), Plan::AsIs(q), "{ty:?}");
+        }
+        for ty in [GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::Q5K] {
+            assert_eq!(plan(TensorFormat::Ggml(ty), &m), Plan::ToF16, "{ty:?}");
+        }
+        assert_eq!(
+            plan(TensorFormat::Ggml(GgmlType::Q4_0), &[64]),
+            Plan::Vector
+        );
+        assert_eq!(plan(TensorFormat::Ggml(GgmlType::F32), &[1]), Plan::Vector);
+        let fp8 = TensorFormat::Fp8 {
+            block_rows: 128,
+            block_cols: 128,
+        };
+        assert_eq!(plan(fp8, &m), Plan::ToBf16);
+        assert!(matches!(
+            plan(TensorFormat::NvFp4, &m),
+            Plan::Unsupported(_)
+        ));
+        assert!(matches!(
+            plan(TensorFormat::Ggml(GgmlType::I32), &m),
+            Plan::Unsupported(_)
+        ));
+        // 3-D expert banks keep their format
+        assert_eq!(
+            plan(TensorFormat::Ggml(GgmlType::Q4K), &[8, 4, 256]),
+            Plan::AsIs(Quant::Q4K)
+        );
+    }
+}

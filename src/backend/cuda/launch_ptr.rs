@@ -1,0 +1,628 @@
+//! Launches on raw device pointers ([`DevPtr`]), what the CUDA backend uses: every kernel the
+//! model ops need, resolved once into a [`Kern`] (spec + loaded function, so a launch does no
+//! lookup and no string work), plus strided 2-D copies. Each helper validates its shapes against
+//! the pointers' lengths (an error, never a panic) and states the kernel signature it matches.
+//!
+//! The `CudaSlice` helpers in `launch.rs` / `launch_linear.rs` (used by the per-kernel selftest)
+//! launch the same kernels; these are their pointer twins.
+
+use cudarc::driver::{sys, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+
+use super::buf::DevPtr;
+use super::error::{drv, CudaError};
+use super::launch::RopeLaunch;
+use super::launch_linear::{gemv_default_grid, weight_block};
+use super::CudaDevice;
+use crate::kernels::{KernelSpec, Op, Quant};
+use crate::ops::RopeLayout;
+
+/// A resolved kernel instance: its spec and its loaded main function.
+#[derive(Debug, Clone)]
+pub struct Kern {
+    pub spec: &'static KernelSpec,
+    pub f: CudaFunction,
+}
+
+/// Mode of the `ewise` kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EwiseMode {
+    /// a + b
+    Add = 0,
+    /// a * b
+    Mul = 1,
+    /// a * sigmoid(b)
+    SigmoidGate = 2,
+    /// a * s
+    Scale = 3,
+    /// s * tanh(a / s)
+    Softcap = 4,
+}
+
+/// The `b` operand of an `ewise` launch: `b[r * row_stride + c * col_stride]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Broadcast {
+    pub ptr: DevPtr<f32>,
+    pub row_stride: usize,
+    pub col_stride: usize,
+}
+
+/// How the RMSNorm kernel applies its weight.
+#[derive(Debug, Clone, Copy)]
+pub enum NormWeightPtr {
+    Plain(DevPtr<f32>),
+    OnePlus(DevPtr<f32>),
+    None,
+}
+
+fn invalid(op: &'static str, detail: String) -> CudaError {
+    CudaError::Invalid { op, detail }
+}
+
+fn int(op: &'static str, what: &str, v: usize) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| invalid(op, format!("{what} = {v} exceeds i32")))
+}
+
+fn grid(op: &'static str, n: usize) -> Result<u32, CudaError> {
+    u32::try_from(n)
+        .ok()
+        .filter(|&b| b > 0 && b < (1u32 << 31))
+        .ok_or_else(|| invalid(op, format!("grid of {n} blocks is out of range")))
+}
+
+fn expect(k: &Kern, ops: &[Op], op: &'static str) -> Result<(), CudaError> {
+    if ops.contains(&k.spec.key.op) {
+        Ok(())
+    } else {
+        Err(invalid(
+            op,
+            format!("instance {} is not a {op} kernel", k.spec.name),
+        ))
+    }
+}
+
+/// Blocks of a grid-stride elementwise launch over `n` values (enough to fill a large GPU).
+fn stride_grid(n: usize, threads: usize) -> u32 {
+    n.div_ceil(threads).clamp(1, 65_536) as u32
+}
+
+impl CudaDevice {
+    /// Resolve and load the best instance of `(op, quant, batch)` for this device.
+    pub fn kern(
+        &self,
+        op: Op,
+        quant: Quant,
+        batch: crate::kernels::BatchBucket,
+    ) -> Result<Kern, CudaError> {
+        let spec = self.resolve(op, quant, crate::kernels::HeadDim::Any, batch)?;
+        Ok(Kern {
+            spec,
+            f: self.function(spec)?,
+        })
+    }
+
+    fn go(&self, k: &Kern, cfg: LaunchConfig, args: &[&dyn ArgPush]) -> Result<(), CudaError> {
+        let mut b = self.stream().launch_builder(&k.f);
+        for a in args {
+            a.push(&mut b);
+        }
+        // SAFETY: every caller passes the argument list of its kernel's signature (stated at the
+        // call) and has checked that each pointer addresses what the kernel reads and writes.
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", k.spec.name)))?;
+        Ok(())
+    }
+
+    /// RMSNorm over groups of `dim` values of `x` into `y` (same length; may alias).
+    pub fn rms_norm_ptr(
+        &self,
+        k: &Kern,
+        x: DevPtr<f32>,
+        w: NormWeightPtr,
+        y: DevPtr<f32>,
+        eps: f32,
+        dim: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "rms_norm";
+        expect(k, &[Op::RmsNorm], OP)?;
+        if dim == 0 || x.len() % dim != 0 || x.len() != y.len() || x.is_empty() {
+            return Err(invalid(
+                OP,
+                format!("x {} / y {} not groups of {dim}", x.len(), y.len()),
+            ));
+        }
+        let (mode, wp) = match w {
+            NormWeightPtr::Plain(w) => (0i32, w),
+            NormWeightPtr::OnePlus(w) => (1, w),
+            NormWeightPtr::None => (2, DevPtr::null()),
+        };
+        if mode != 2 && wp.len() != dim {
+            return Err(invalid(
+                OP,
+                format!("weight of {} values for dim {dim}", wp.len()),
+            ));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, x.len() / dim)?, 1, 1),
+            block_dim: (k.spec.param_u32("threads").unwrap_or(256), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xp, wp, yp, d) = (x.raw(), wp.raw(), y.raw(), int(OP, "dim", dim)?);
+        // (const float* x, const float* w, float* y, int dim, int mode, float eps)
+        self.go(k, cfg, &[&xp, &wp, &yp, &d, &mode, &eps])
+    }
+
+    /// L2 norm over groups of `dim` values of `x` into `y`.
+    pub fn l2_norm_ptr(
+        &self,
+        k: &Kern,
+        x: DevPtr<f32>,
+        y: DevPtr<f32>,
+        eps: f32,
+        dim: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "l2_norm";
+        expect(k, &[Op::L2Norm], OP)?;
+        if dim == 0 || x.len() % dim != 0 || x.len() != y.len() || x.is_empty() {
+            return Err(invalid(
+                OP,
+                format!("x {} / y {} not groups of {dim}", x.len(), y.len()),
+            ));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, x.len() / dim)?, 1, 1),
+            block_dim: (k.spec.param_u32("threads").unwrap_or(256), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xp, yp, d) = (x.raw(), y.raw(), int(OP, "dim", dim)?);
+        // (const float* x, float* y, int dim, float eps)
+        self.go(k, cfg, &[&xp, &yp, &d, &eps])
+    }
+
+    /// RoPE of `p.rows` contiguous rows; `pos[r]` is row r's position (device memory).
+    pub fn rope_ptr(
+        &self,
+        k: &Kern,
+        x: DevPtr<f32>,
+        y: DevPtr<f32>,
+        pos: DevPtr<i32>,
+        freq_factors: Option<DevPtr<f32>>,
+        p: &RopeLaunch,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "rope";
+        expect(k, &[Op::Rope], OP)?;
+        let row = p.n_heads * p.head_dim;
+        let need = p.rows * row;
+        if p.rot_dims % 2 != 0
+            || p.rot_dims > p.head_dim
+            || p.head_dim % 2 != 0
+            || p.freq_base_dims == 0
+            || need == 0
+        {
+            return Err(invalid(OP, format!("bad dims {p:?}")));
+        }
+        if x.len() < need || y.len() < need || pos.len() < p.rows {
+            return Err(invalid(
+                OP,
+                format!(
+                    "x {} / y {} / pos {} too small for {p:?}",
+                    x.len(),
+                    y.len(),
+                    pos.len()
+                ),
+            ));
+        }
+        if let Some(ff) = freq_factors {
+            if ff.len() < p.rot_dims / 2 {
+                return Err(invalid(
+                    OP,
+                    format!("{} freq factors for {} pairs", ff.len(), p.rot_dims / 2),
+                ));
+            }
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, p.rows * p.n_heads)?, 1, 1),
+            block_dim: (k.spec.param_u32("threads").unwrap_or(128), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xp, yp, pp) = (x.raw(), y.raw(), pos.raw());
+        let ff = freq_factors.map_or(0, |f| f.raw());
+        let (nh, hd, rd, fb) = (
+            int(OP, "n_heads", p.n_heads)?,
+            int(OP, "head_dim", p.head_dim)?,
+            int(OP, "rot_dims", p.rot_dims)?,
+            int(OP, "freq_base_dims", p.freq_base_dims)?,
+        );
+        let layout: i32 = match p.layout {
+            RopeLayout::Neox => 0,
+            RopeLayout::Interleaved => 1,
+        };
+        let stride = row as i64;
+        // (const float* x, float* y, const int* pos, const float* ff, int n_heads, int head_dim,
+        //  int rot_dims, int freq_base_dims, int layout, float theta, long long stride_x,
+        //  long long stride_y)
+        self.go(
+            k,
+            cfg,
+            &[
+                &xp, &yp, &pp, &ff, &nh, &hd, &rd, &fb, &layout, &p.theta, &stride, &stride,
+            ],
+        )
+    }
+
+    /// `out = act(gate) * up` over `rows x cols` contiguous values.
+    pub fn glu_ptr(
+        &self,
+        k: &Kern,
+        gate: DevPtr<f32>,
+        up: DevPtr<f32>,
+        out: DevPtr<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "glu";
+        expect(k, &[Op::Geglu, Op::Swiglu], OP)?;
+        let n = rows * cols;
+        if gate.len() < n || up.len() < n || out.len() < n {
+            return Err(invalid(OP, format!("buffers too small for {rows}x{cols}")));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let threads = k.spec.param_u32("threads").unwrap_or(256);
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, n.div_ceil(threads as usize))?, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (gp, upp, op) = (gate.raw(), up.raw(), out.raw());
+        let (r, c) = (int(OP, "rows", rows)?, int(OP, "cols", cols)?);
+        let s = cols as i64;
+        // (const float* gate, const float* up, float* out, int rows, int cols,
+        //  long long gate_stride, long long up_stride, long long out_stride)
+        self.go(k, cfg, &[&gp, &upp, &op, &r, &c, &s, &s, &s])
+    }
+
+    /// `y = f(a, b)` over `rows x cols` (see [`EwiseMode`]); `b` is required by the binary modes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn ewise_ptr(
+        &self,
+        k: &Kern,
+        mode: EwiseMode,
+        a: DevPtr<f32>,
+        b: Option<Broadcast>,
+        y: DevPtr<f32>,
+        rows: usize,
+        cols: usize,
+        s: f32,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "ewise";
+        expect(k, &[Op::Ewise], OP)?;
+        let n = rows * cols;
+        if a.len() < n || y.len() < n {
+            return Err(invalid(
+                OP,
+                format!("a {} / y {} for {rows}x{cols}", a.len(), y.len()),
+            ));
+        }
+        let binary = matches!(
+            mode,
+            EwiseMode::Add | EwiseMode::Mul | EwiseMode::SigmoidGate
+        );
+        let (bp, rs, cs) = match (binary, b) {
+            (true, Some(b)) => {
+                let last = if n == 0 {
+                    0
+                } else {
+                    (rows - 1) * b.row_stride + (cols - 1) * b.col_stride + 1
+                };
+                if b.ptr.len() < last {
+                    return Err(invalid(
+                        OP,
+                        format!("b holds {} values, the broadcast reads {last}", b.ptr.len()),
+                    ));
+                }
+                (b.ptr.raw(), b.row_stride as i64, b.col_stride as i64)
+            }
+            (true, None) => return Err(invalid(OP, format!("{mode:?} needs a second operand"))),
+            (false, _) => (0u64, 0i64, 0i64),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let threads = k.spec.param_u32("threads").unwrap_or(256);
+        let cfg = LaunchConfig {
+            grid_dim: (stride_grid(n, threads as usize), 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ap, yp) = (a.raw(), y.raw());
+        let (r, c, m) = (int(OP, "rows", rows)?, int(OP, "cols", cols)?, mode as i32);
+        // (const float* a, const float* b, float* y, int rows, int cols, long long b_rs,
+        //  long long b_cs, int mode, float s)
+        self.go(k, cfg, &[&ap, &bp, &yp, &r, &c, &rs, &cs, &m, &s])
+    }
+
+    /// `out[i] = dequant(table[ids[i]]) * scale` for `ids.len()` rows of `cols`; `table` holds
+    /// `vocab` rows of `row_bytes` in the GGUF layout of the kernel's quant.
+    #[allow(clippy::too_many_arguments)]
+    pub fn embed_ptr(
+        &self,
+        k: &Kern,
+        table: DevPtr<u8>,
+        vocab: usize,
+        cols: usize,
+        ids: DevPtr<i32>,
+        out: DevPtr<f32>,
+        scale: f32,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "embed";
+        expect(k, &[Op::Embed], OP)?;
+        let q = k.spec.key.quant;
+        let (be, bb) = weight_block(q).ok_or_else(|| invalid(OP, format!("no embed for {q}")))?;
+        if cols == 0 || cols % be != 0 {
+            return Err(invalid(OP, format!("{cols} columns of {q}")));
+        }
+        let row_bytes = cols / be * bb;
+        let rows = ids.len();
+        if table.len() < vocab * row_bytes || out.len() < rows * cols {
+            return Err(invalid(
+                OP,
+                format!(
+                    "table {} bytes for {vocab} x {cols} {q}, out {} for {rows} rows",
+                    table.len(),
+                    out.len()
+                ),
+            ));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (
+                grid(OP, rows)?,
+                grid(OP, cols.div_ceil(256))?.min(65_535),
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        if cols.div_ceil(256) > 65_535 {
+            return Err(invalid(OP, format!("{cols} columns exceed the grid")));
+        }
+        let (tp, ip, op) = (table.raw(), ids.raw(), out.raw());
+        let (v, c, rb) = (
+            int(OP, "vocab", vocab)?,
+            int(OP, "cols", cols)?,
+            row_bytes as i64,
+        );
+        // (const u8* table, const int* ids, float* out, int vocab, int cols, long long row_bytes,
+        //  float scale)
+        self.go(k, cfg, &[&tp, &ip, &op, &v, &c, &rb, &scale])
+    }
+
+    /// `y = bf16(x)` (bits), `x.len()` values.
+    pub fn cast_bf16_ptr(&self, k: &Kern, x: DevPtr<f32>, y: DevPtr<u16>) -> Result<(), CudaError> {
+        const OP: &str = "cast_bf16";
+        expect(k, &[Op::CastBf16], OP)?;
+        if y.len() < x.len() {
+            return Err(invalid(OP, format!("{} values into {}", x.len(), y.len())));
+        }
+        if x.is_empty() {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (stride_grid(x.len(), 256), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xp, yp, n) = (x.raw(), y.raw(), x.len() as i64);
+        // (const float* x, u16* y, long long n)
+        self.go(k, cfg, &[&xp, &yp, &n])
+    }
+
+    /// Quantise `x` (a multiple of 32 values) into `xq` (int8) and `xds` (2 floats per 32).
+    pub fn quantize_q8_ptr(
+        &self,
+        k: &Kern,
+        x: DevPtr<f32>,
+        xq: DevPtr<i8>,
+        xds: DevPtr<f32>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "quantize_q8";
+        expect(k, &[Op::QuantizeQ8], OP)?;
+        let len = x.len();
+        if len == 0 || len % 32 != 0 || xq.len() < len || xds.len() < len / 16 {
+            return Err(invalid(
+                OP,
+                format!("x {len} / xq {} / xds {}", xq.len(), xds.len()),
+            ));
+        }
+        let groups = int(OP, "groups", len / 32)?;
+        let cfg = LaunchConfig {
+            grid_dim: (((len / 32).div_ceil(8)).min(65535) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xp, qp, dp) = (x.raw(), xq.raw(), xds.raw());
+        // (const float* x, i8* xq, float2* xds, int n_groups)
+        self.go(k, cfg, &[&xp, &qp, &dp, &groups])
+    }
+
+    /// `y[b][r] = sum_j W[r][j] x[b][j]` for `b < batch` of the instance; float weights read
+    /// `x` (f32 `[batch][k]`), block formats `xq`/`xds` (from [`Self::quantize_q8_ptr`] of x).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_ptr(
+        &self,
+        kn: &Kern,
+        w: DevPtr<u8>,
+        x: DevPtr<f32>,
+        xq: DevPtr<i8>,
+        xds: DevPtr<f32>,
+        y: DevPtr<f32>,
+        (n, k): (usize, usize),
+        sms: u32,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "gemv";
+        expect(kn, &[Op::Gemv], OP)?;
+        let q = kn.spec.key.quant;
+        let (be, bb) = weight_block(q).ok_or_else(|| invalid(OP, format!("{q} unsupported")))?;
+        let batch = kn.spec.key.batch.value().unwrap_or(1) as usize;
+        let block_fmt = be > 1;
+        if n == 0 || k == 0 || k % be != 0 || (block_fmt && k % 32 != 0) {
+            return Err(invalid(OP, format!("n={n} k={k} for {q}")));
+        }
+        if w.len() < n * (k / be) * bb || y.len() < batch * n {
+            return Err(invalid(
+                OP,
+                format!(
+                    "w {} bytes / y {} for n={n} k={k} batch={batch}",
+                    w.len(),
+                    y.len()
+                ),
+            ));
+        }
+        if block_fmt && (xq.len() < batch * k || xds.len() < batch * k / 16) {
+            return Err(invalid(
+                OP,
+                format!("activations hold {} values, need {}", xq.len(), batch * k),
+            ));
+        }
+        if !block_fmt && x.len() < batch * k {
+            return Err(invalid(
+                OP,
+                format!("x holds {} values, need {}", x.len(), batch * k),
+            ));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (gemv_default_grid(kn.spec, n, sms).max(1), 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (wp, xp, qp, dp, yp) = (w.raw(), x.raw(), xq.raw(), xds.raw(), y.raw());
+        let (n32, k32) = (int(OP, "n", n)?, int(OP, "k", k)?);
+        // (const u8* w, const float* x, const i8* xq, const float2* xds, float* y, int n, int k),
+        // 128 threads
+        self.go(kn, cfg, &[&wp, &xp, &qp, &dp, &yp, &n32, &k32])
+    }
+
+    /// `c[m][n] = a[m][k] . w[n][k]^T` with `a` bf16 bits, `w` in the instance's format
+    /// (bf16 or a GGUF block format; not fp8, whose scales this helper does not take).
+    pub fn gemm_ptr(
+        &self,
+        kn: &Kern,
+        a: DevPtr<u16>,
+        w: DevPtr<u8>,
+        c: DevPtr<f32>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), CudaError> {
+        const OP: &str = "gemm";
+        expect(kn, &[Op::Gemm], OP)?;
+        let q = kn.spec.key.quant;
+        if q == Quant::Fp8E4m3 {
+            return Err(invalid(
+                OP,
+                "fp8 gemm needs scales: not through gemm_ptr".into(),
+            ));
+        }
+        let (be, bb) = weight_block(q).ok_or_else(|| invalid(OP, format!("no gemm for {q}")))?;
+        if m == 0 || n == 0 || k == 0 || (k * 2) % 16 != 0 || k % be != 0 {
+            return Err(invalid(
+                OP,
+                format!("m={m} n={n} k={k}: k must be a multiple of 8 and of {be}"),
+            ));
+        }
+        if a.len() < m * k || w.len() < n * (k / be) * bb || c.len() < m * n {
+            return Err(invalid(
+                OP,
+                format!("a {} / w {} / c {} too small", a.len(), w.len(), c.len()),
+            ));
+        }
+        let tile = kn.spec.param_u32("tile").unwrap_or(64) as usize;
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, n.div_ceil(tile))?, grid(OP, m.div_ceil(tile))?, 1),
+            block_dim: ((64 * tile / 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ap, wp, cp) = (a.raw(), w.raw(), c.raw());
+        let (mi, ni, ki, kb) = (
+            int(OP, "m", m)?,
+            int(OP, "n", n)?,
+            int(OP, "k", k)?,
+            k.div_ceil(128) as i32,
+        );
+        let null = 0u64;
+        // (const u8* A, const u8* W, float* C, int M, int N, int K, const float* w_scale,
+        //  const float* a_scale, int ws_cols); the scales are read only by fp8 instances
+        self.go(kn, cfg, &[&ap, &wp, &cp, &mi, &ni, &ki, &null, &null, &kb])
+    }
+}
+
+/// One kernel argument (a pointer as `u64`, or a scalar).
+trait ArgPush {
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+}
+macro_rules! arg_push {
+    ($($t:ty),*) => {$(
+        impl ArgPush for $t {
+            fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
+                b.arg(self);
+            }
+        }
+    )*};
+}
+arg_push!(u64, i64, i32, f32);
+
+/// Copy `height` rows of `width` values from `src` (row pitch `src_pitch` values) to `dst` (row
+/// pitch `dst_pitch`): stream-ordered and capturable (a memcpy node in a CUDA graph).
+pub fn copy_2d(
+    stream: &CudaStream,
+    dst: DevPtr<f32>,
+    dst_pitch: usize,
+    src: DevPtr<f32>,
+    src_pitch: usize,
+    width: usize,
+    height: usize,
+) -> Result<(), CudaError> {
+    const OP: &str = "copy_2d";
+    if width == 0 || height == 0 {
+        return Ok(());
+    }
+    let span = |pitch: usize| (height - 1) * pitch + width;
+    if width > src_pitch
+        || width > dst_pitch
+        || src.len() < span(src_pitch)
+        || dst.len() < span(dst_pitch)
+    {
+        return Err(invalid(
+            OP,
+            format!(
+                "{height} rows of {width} from {} (pitch {src_pitch}) into {} (pitch {dst_pitch})",
+                src.len(),
+                dst.len()
+            ),
+        ));
+    }
+    const F: usize = std::mem::size_of::<f32>();
+    let cp = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src.raw(),
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch * F,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst.raw(),
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch * F,
+        WidthInBytes: width * F,
+        Height: height,
+    };
+    // SAFETY: both pointers address the spans checked above (their contract); the descriptor
+    // is read by the driver during the call.
+    unsafe { sys::cuMemcpy2DAsync_v2(&cp, stream.cu_stream()) }
+        .result()
+        .map_err(drv("strided device->device copy"))
+}

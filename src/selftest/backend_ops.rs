@@ -1,0 +1,537 @@
+//! Backend-level GPU check: every `CudaBackend` op the models use against `CpuBackend` on random
+//! inputs, one row per (op, case), printed after the kernel table by `fucina selftest`.
+//!
+//! Bounds (same metric as the kernel table, `Comparison`):
+//! - copies (slice, concat, split_heads, weight_vector) and embed: exact (0);
+//! - add / mul / scale: exact (single f32 roundings, same as the CPU);
+//! - sigmoid gate, soft-cap, GLU, norms, RoPE: 1e-4 (libm vs CUDA transcendental ulps; f32 vs
+//!   f64 sums and angles);
+//! - linear, n <= 8 (GEMV), block formats vs `CpuBackend::int8()` (same int8 activations): 1e-3;
+//!   float formats vs `CpuBackend::new()`: 1e-4;
+//! - linear, n > 8, GEMM formats (bf16 activations, weights as bf16 tiles) vs the f32 reference:
+//!   3e-2 (bf16 rounding of both operands, ~2^-9 per product; an indexing bug gives O(1));
+//!   F32/F16 (GEMV in chunks of 8): 1e-4;
+//! - linear of a Q5_K weight (no kernels: stored as F16 at upload) vs the f32 reference: 4e-3.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::check::{uniform, Comparison};
+use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::{CudaBackend, CudaDevice, GpuTensor, KvType};
+use crate::backend::{Activation, Backend, Norm, Rope};
+use crate::ops::qdot::random_weights;
+use crate::ops::RopeLayout;
+use crate::quant::GgmlType;
+use crate::weights::{Scales, TensorFormat, TensorRef};
+
+/// One row of the backend table.
+#[derive(Debug, Clone)]
+pub struct OpRow {
+    pub name: String,
+    pub max_rel_err: Option<f64>,
+    pub bound: f64,
+    pub pass: bool,
+    pub note: String,
+}
+
+type Pair = (Vec<f32>, Vec<f32>);
+type R<T> = anyhow::Result<T>;
+
+struct Ctx {
+    gpu: CudaBackend,
+    cpu: CpuBackend,
+    cpu8: CpuBackend,
+    rng: StdRng,
+    rows: Vec<OpRow>,
+}
+
+impl Ctx {
+    fn case(&mut self, name: String, bound: f64, f: impl FnOnce(&mut Ctx) -> R<Pair>) {
+        let row = match f(self) {
+            Ok((got, want)) => {
+                let c = Comparison::new(&got, &want);
+                OpRow {
+                    name,
+                    max_rel_err: Some(c.max_rel_err),
+                    bound,
+                    pass: c.passes(bound),
+                    note: if c.unwritten > 0 {
+                        format!("{} outputs NaN", c.unwritten)
+                    } else {
+                        String::new()
+                    },
+                }
+            }
+            Err(e) => OpRow {
+                name,
+                max_rel_err: None,
+                bound,
+                pass: false,
+                note: format!("error: {e}"),
+            },
+        };
+        self.rows.push(row);
+    }
+
+    fn t2(
+        &self,
+        data: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> R<(GpuTensor, crate::backend::cpu::CpuTensor)> {
+        Ok((
+            self.gpu.tensor(data, rows, cols)?,
+            self.cpu.tensor(data, rows, cols)?,
+        ))
+    }
+}
+
+fn host(gpu: &CudaBackend, t: &GpuTensor) -> R<Vec<f32>> {
+    Ok(gpu.to_host(t)?)
+}
+
+/// Run every backend op check on `dev`.
+pub fn run(dev: std::sync::Arc<CudaDevice>, seed: u64) -> R<Vec<OpRow>> {
+    let gpu = CudaBackend::with_device(dev, KvType::default())?;
+    let mut cx = Ctx {
+        gpu,
+        cpu: CpuBackend::new(),
+        cpu8: CpuBackend::int8(),
+        rng: StdRng::seed_from_u64(seed),
+        rows: Vec::new(),
+    };
+    linear_cases(&mut cx);
+    embed_cases(&mut cx);
+    elementwise_cases(&mut cx);
+    shape_cases(&mut cx);
+    norm_rope_cases(&mut cx);
+    Ok(cx.rows)
+}
+
+fn tref<'a>(name: &str, ty: GgmlType, shape: Vec<usize>, data: &'a [u8]) -> TensorRef<'a> {
+    TensorRef {
+        name: name.to_string(),
+        shape,
+        format: TensorFormat::Ggml(ty),
+        data,
+        scales: Scales::default(),
+    }
+}
+
+/// Random weights of `ty`; Q5_K (no generator in `ops::qdot`) as random blocks with small
+/// positive super-scales.
+fn weights_of(ty: GgmlType, rows: usize, k: usize, rng: &mut StdRng) -> R<Vec<u8>> {
+    if ty != GgmlType::Q5K {
+        return Ok(random_weights(ty, rows, k, rng)?);
+    }
+    let rb = ty.row_bytes(k)?;
+    let mut w = vec![0u8; rows * rb];
+    rng.fill(&mut w[..]);
+    for b in w.chunks_exact_mut(176) {
+        let d = half::f16::from_f32(rng.random_range(1e-4..1e-3)).to_bits();
+        let m = half::f16::from_f32(rng.random_range(1e-4..1e-3)).to_bits();
+        b[0..2].copy_from_slice(&d.to_le_bytes());
+        b[2..4].copy_from_slice(&m.to_le_bytes());
+    }
+    Ok(w)
+}
+
+const LINEAR_TYPES: [GgmlType; 9] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4K,
+    GgmlType::Q6K,
+    // no kernels: stored as F16 at upload
+    GgmlType::Q5K,
+];
+
+fn linear_cases(cx: &mut Ctx) {
+    let (out, k) = (512usize, 1024usize);
+    for ty in LINEAR_TYPES {
+        let w = match weights_of(ty, out, k, &mut cx.rng) {
+            Ok(w) => w,
+            Err(e) => {
+                cx.case(format!("linear {} (weights)", ty.name()), 0.0, |_| {
+                    Err(anyhow::anyhow!("{e}"))
+                });
+                continue;
+            }
+        };
+        let r = tref("w", ty, vec![out, k], &w);
+        let (gw, cw) = match (cx.gpu.upload(&r), cx.cpu.upload(&r)) {
+            (Ok(g), Ok(c)) => (g, c),
+            (g, c) => {
+                let e = format!("{:?} / {:?}", g.err(), c.err());
+                cx.case(format!("linear {} (upload)", ty.name()), 0.0, |_| {
+                    Err(anyhow::anyhow!(e))
+                });
+                continue;
+            }
+        };
+        let block = ty.block().0 > 1;
+        let stored_f16 = ty == GgmlType::Q5K;
+        for n in [1usize, 3, 8, 17, 64] {
+            let gemm = n > 8 && !matches!(ty, GgmlType::F32 | GgmlType::F16) && !stored_f16;
+            let int8 = n <= 8 && block && !stored_f16;
+            let bound = if gemm {
+                3e-2
+            } else if int8 {
+                1e-3
+            } else if stored_f16 {
+                // f16 rounding of the dequantised weights (2^-11 each, ~3e-4 rms on the output)
+                4e-3
+            } else {
+                1e-4
+            };
+            let x = uniform(&mut cx.rng, n * k, -1.0, 1.0);
+            cx.case(
+                format!("linear {} n={n} ({out}x{k})", ty.name()),
+                bound,
+                |cx| {
+                    let (gx, cxt) = cx.t2(&x, n, k)?;
+                    let got = host(&cx.gpu, &cx.gpu.linear(&gx, &gw)?)?;
+                    let refb = if int8 { &cx.cpu8 } else { &cx.cpu };
+                    let want = refb.linear(&cxt, &cw)?.data;
+                    Ok((got, want))
+                },
+            );
+        }
+    }
+}
+
+fn embed_cases(cx: &mut Ctx) {
+    let (vocab, d) = (300usize, 512usize);
+    for ty in &LINEAR_TYPES[..8] {
+        let ty = *ty;
+        let Ok(w) = random_weights(ty, vocab, d, &mut cx.rng) else {
+            continue;
+        };
+        let r = tref("emb", ty, vec![vocab, d], &w);
+        let ids = [0u32, 7, 299, 7, 123];
+        for registered in [true, false] {
+            let name = format!(
+                "embed {} ({})",
+                ty.name(),
+                if registered {
+                    "step ids"
+                } else {
+                    "uploaded ids"
+                }
+            );
+            cx.case(name, 0.0, |cx| {
+                let (gw, cw) = (cx.gpu.upload(&r)?, cx.cpu.upload(&r)?);
+                if registered {
+                    cx.gpu.begin_forward(&ids, 11)?;
+                } else {
+                    cx.gpu.begin_forward(&[1, 2], 0)?;
+                }
+                let got = host(&cx.gpu, &cx.gpu.embed(&gw, &ids, 3.5)?)?;
+                Ok((got, cx.cpu.embed(&cw, &ids, 3.5)?.data))
+            });
+        }
+    }
+}
+
+fn elementwise_cases(cx: &mut Ctx) {
+    let (n, c) = (5usize, 2560usize);
+    let a = uniform(&mut cx.rng, n * c, -40.0, 40.0);
+    let b = uniform(&mut cx.rng, n * c, -6.0, 6.0);
+    let brow = uniform(&mut cx.rng, c, -2.0, 2.0);
+    let bcol = uniform(&mut cx.rng, n, -6.0, 6.0);
+    type Op2 = fn(&Ctx, &[f32], &[f32], (usize, usize), (usize, usize)) -> R<Pair>;
+    let binary: [(&str, f64, Op2, bool); 6] = [
+        (
+            "add",
+            0.0,
+            |cx, a, b, sa, sb| bin(cx, a, b, sa, sb, 0),
+            false,
+        ),
+        (
+            "mul",
+            0.0,
+            |cx, a, b, sa, sb| bin(cx, a, b, sa, sb, 1),
+            false,
+        ),
+        (
+            "mul [1,cols]",
+            0.0,
+            |cx, a, b, sa, sb| bin(cx, a, b, sa, sb, 1),
+            true,
+        ),
+        (
+            "sigmoid_gate",
+            1e-4,
+            |cx, a, b, sa, sb| bin(cx, a, b, sa, sb, 2),
+            false,
+        ),
+        (
+            "sigmoid_gate [n,1]",
+            1e-4,
+            |cx, a, b, sa, sb| bin(cx, a, b, sa, sb, 2),
+            true,
+        ),
+        (
+            "glu silu",
+            1e-4,
+            |cx, a, b, sa, sb| bin(cx, a, b, sa, sb, 3),
+            false,
+        ),
+    ];
+    for (name, bound, f, bcast) in binary {
+        let (bb, sb) = match (bcast, name.starts_with("mul")) {
+            (false, _) => (&b, (n, c)),
+            (true, true) => (&brow, (1, c)),
+            (true, false) => (&bcol, (n, 1)),
+        };
+        cx.case(name.to_string(), bound, |cx| f(cx, &a, bb, (n, c), sb));
+    }
+    cx.case("glu gelu_tanh".into(), 1e-4, |cx| {
+        bin(cx, &a, &b, (n, c), (n, c), 4)
+    });
+    cx.case("scale".into(), 0.0, |cx| {
+        let (g, h) = cx.t2(&a, n, c)?;
+        Ok((
+            host(&cx.gpu, &cx.gpu.scale(&g, 0.125)?)?,
+            cx.cpu.scale(&h, 0.125)?.data,
+        ))
+    });
+    cx.case("softcap".into(), 1e-4, |cx| {
+        let (g, h) = cx.t2(&a, n, c)?;
+        Ok((
+            host(&cx.gpu, &cx.gpu.softcap(&g, 30.0)?)?,
+            cx.cpu.softcap(&h, 30.0)?.data,
+        ))
+    });
+}
+
+/// Binary op `which` (0 add, 1 mul, 2 sigmoid_gate, 3 glu silu, 4 glu gelu) on both backends.
+fn bin(
+    cx: &Ctx,
+    a: &[f32],
+    b: &[f32],
+    sa: (usize, usize),
+    sb: (usize, usize),
+    which: u8,
+) -> R<Pair> {
+    let (ga, ca) = cx.t2(a, sa.0, sa.1)?;
+    let (gb, cb) = cx.t2(b, sb.0, sb.1)?;
+    let (g, c) = match which {
+        0 => (cx.gpu.add(&ga, &gb)?, cx.cpu.add(&ca, &cb)?),
+        1 => (cx.gpu.mul(&ga, &gb)?, cx.cpu.mul(&ca, &cb)?),
+        2 => (
+            cx.gpu.sigmoid_gate(&ga, &gb)?,
+            cx.cpu.sigmoid_gate(&ca, &cb)?,
+        ),
+        3 => (
+            cx.gpu.glu(&ga, &gb, Activation::Silu)?,
+            cx.cpu.glu(&ca, &cb, Activation::Silu)?,
+        ),
+        _ => (
+            cx.gpu.glu(&ga, &gb, Activation::GeluTanh)?,
+            cx.cpu.glu(&ca, &cb, Activation::GeluTanh)?,
+        ),
+    };
+    Ok((host(&cx.gpu, &g)?, c.data))
+}
+
+fn shape_cases(cx: &mut Ctx) {
+    let (n, c) = (6usize, 3 * 160usize);
+    let x = uniform(&mut cx.rng, n * c, -3.0, 3.0);
+    let y = uniform(&mut cx.rng, n * 96, -3.0, 3.0);
+    cx.case("slice_cols".into(), 0.0, |cx| {
+        let (g, h) = cx.t2(&x, n, c)?;
+        Ok((
+            host(&cx.gpu, &cx.gpu.slice_cols(&g, 37, 200)?)?,
+            cx.cpu.slice_cols(&h, 37, 200)?.data,
+        ))
+    });
+    cx.case("slice_rows".into(), 0.0, |cx| {
+        let (g, h) = cx.t2(&x, n, c)?;
+        Ok((
+            host(&cx.gpu, &cx.gpu.slice_rows(&g, n - 1, 1)?)?,
+            cx.cpu.slice_rows(&h, n - 1, 1)?.data,
+        ))
+    });
+    cx.case("concat_cols".into(), 0.0, |cx| {
+        let (g1, h1) = cx.t2(&x, n, c)?;
+        let (g2, h2) = cx.t2(&y, n, 96)?;
+        Ok((
+            host(&cx.gpu, &cx.gpu.concat_cols(&[&g2, &g1, &g2])?)?,
+            cx.cpu.concat_cols(&[&h2, &h1, &h2])?.data,
+        ))
+    });
+    cx.case("split_heads 3 x [128, 32]".into(), 0.0, |cx| {
+        let (g, h) = cx.t2(&x, n, c)?;
+        let gs = cx.gpu.split_heads(&g, 3, &[128, 32])?;
+        let hs = cx.cpu.split_heads(&h, 3, &[128, 32])?;
+        let mut got = Vec::new();
+        for t in &gs {
+            got.extend(host(&cx.gpu, t)?);
+        }
+        Ok((got, hs.into_iter().flat_map(|t| t.data).collect()))
+    });
+    cx.case("weight_vector (1-D f32)".into(), 0.0, |cx| {
+        let v = uniform(&mut cx.rng, 300, -1.0, 1.0);
+        let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+        let r = tref("norm", GgmlType::F32, vec![300], &bytes);
+        let (gw, cw) = (cx.gpu.upload(&r)?, cx.cpu.upload(&r)?);
+        Ok((
+            host(&cx.gpu, &cx.gpu.weight_vector(&gw)?)?,
+            cx.cpu.weight_vector(&cw)?.data,
+        ))
+    });
+}
+
+fn norm_rope_cases(cx: &mut Ctx) {
+    let (n, heads, hd) = (5usize, 4usize, 128usize);
+    let x = uniform(&mut cx.rng, n * heads * hd, -3.0, 3.0);
+    let wv = uniform(&mut cx.rng, heads * hd, -1.0, 1.0);
+    let wh = uniform(&mut cx.rng, hd, -1.0, 1.0);
+    for (name, per_head, mode) in [
+        ("rms_norm plain row", false, 0),
+        ("rms_norm 1+w head", true, 1),
+        ("rms_norm none head", true, 2),
+    ] {
+        cx.case(name.into(), 1e-4, |cx| {
+            let (g, h) = cx.t2(&x, n, heads * hd)?;
+            let w = if per_head { &wh } else { &wv };
+            let (gw, cw) = cx.t2(w, 1, w.len())?;
+            let dim = if per_head { hd } else { heads * hd };
+            let (gn, cn) = match mode {
+                0 => (Norm::Plain(&gw), Norm::Plain(&cw)),
+                1 => (Norm::OnePlus(&gw), Norm::OnePlus(&cw)),
+                _ => (Norm::None, Norm::None),
+            };
+            Ok((
+                host(&cx.gpu, &cx.gpu.rms_norm(&g, gn, 1e-6, dim)?)?,
+                cx.cpu.rms_norm(&h, cn, 1e-6, dim)?.data,
+            ))
+        });
+    }
+    cx.case("l2_norm head".into(), 1e-4, |cx| {
+        let (g, h) = cx.t2(&x, n, heads * hd)?;
+        Ok((
+            host(&cx.gpu, &cx.gpu.l2_norm(&g, 1e-6, hd)?)?,
+            cx.cpu.l2_norm(&h, 1e-6, hd)?.data,
+        ))
+    });
+    let ff: Vec<f32> = (0..32).map(|i| 1.0 + (i % 5) as f32).collect();
+    for (layout, rot, factors, registered, pos0) in [
+        (RopeLayout::Neox, hd, false, true, 37usize),
+        (RopeLayout::Neox, hd / 2, true, true, 37),
+        (RopeLayout::Interleaved, hd, false, false, 1000),
+        (RopeLayout::Interleaved, hd / 4, true, false, 5),
+    ] {
+        let rope = Rope {
+            head_dim: hd,
+            rot_dims: rot,
+            theta: 1_000_000.0,
+            layout,
+            freq_factors: factors.then(|| ff[..rot / 2].to_vec()),
+            freq_base_dims: rot,
+        };
+        let name = format!(
+            "rope {layout:?} rot {rot}{} at {pos0} ({})",
+            if factors { " ff" } else { "" },
+            if registered {
+                "step positions"
+            } else {
+                "uploaded"
+            }
+        );
+        cx.case(name, 1e-4, |cx| {
+            let ids: Vec<u32> = (0..n as u32).collect();
+            let p = if registered { pos0 } else { pos0 + 50_000 };
+            cx.gpu.begin_forward(&ids, p)?;
+            let (g, h) = cx.t2(&x, n, heads * hd)?;
+            Ok((
+                host(&cx.gpu, &cx.gpu.rope(&g, heads, pos0, &rope)?)?,
+                cx.cpu.rope(&h, heads, pos0, &rope)?.data,
+            ))
+        });
+    }
+    // a RoPE position read from the middle of the registered range
+    let rope = Rope {
+        head_dim: hd,
+        rot_dims: hd,
+        theta: 10_000.0,
+        layout: RopeLayout::Neox,
+        freq_factors: None,
+        freq_base_dims: hd,
+    };
+    let one = x[..heads * hd].to_vec();
+    cx.case("rope 1 row inside the step range".into(), 1e-4, |cx| {
+        let ids: Vec<u32> = (0..8).collect();
+        cx.gpu.begin_forward(&ids, 100)?;
+        let (g, h) = cx.t2(&one, 1, heads * hd)?;
+        let pos = 100 + cx.rng.random_range(0..8usize);
+        Ok((
+            host(&cx.gpu, &cx.gpu.rope(&g, heads, pos, &rope)?)?,
+            cx.cpu.rope(&h, heads, pos, &rope)?.data,
+        ))
+    });
+}
+
+/// Render the rows like the kernel table.
+pub fn format_rows(rows: &[OpRow]) -> String {
+    let w = rows.iter().map(|r| r.name.len()).max().unwrap_or(8).max(8);
+    let mut s = format!(
+        "{:<w$}  {:>12}  {:>8}  {:>4}  note\n",
+        "backend op (CUDA vs CPU)",
+        "max rel err",
+        "bound",
+        "pass",
+        w = w
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "{:<w$}  {:>12}  {:>8}  {:>4}  {}\n",
+            r.name,
+            r.max_rel_err.map_or("-".into(), |v| format!("{v:.3e}")),
+            format!("{:.0e}", r.bound),
+            if r.pass { "PASS" } else { "FAIL" },
+            r.note,
+            w = w
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_format_like_the_kernel_table() {
+        let rows = [
+            OpRow {
+                name: "linear q4_0 n=3 (512x1024)".into(),
+                max_rel_err: Some(2.5e-6),
+                bound: 1e-3,
+                pass: true,
+                note: String::new(),
+            },
+            OpRow {
+                name: "embed q6_k (step ids)".into(),
+                max_rel_err: None,
+                bound: 0.0,
+                pass: false,
+                note: "error: x".into(),
+            },
+        ];
+        let t = format_rows(&rows);
+        assert!(t.contains("linear q4_0 n=3") && t.contains("2.500e-6") && t.contains("PASS"));
+        assert!(t.contains("FAIL") && t.contains("error: x"), "{t}");
+        // every weight type of the linear rows has a CPU path (Q5_K is the stored-as-F16 one)
+        let mut rng = StdRng::seed_from_u64(1);
+        for ty in LINEAR_TYPES {
+            let w = weights_of(ty, 2, 256, &mut rng).unwrap();
+            assert_eq!(w.len(), 2 * ty.row_bytes(256).unwrap(), "{ty:?}");
+        }
+    }
+}
