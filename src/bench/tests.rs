@@ -339,3 +339,50 @@ fn bench_runs_end_to_end_on_the_cpu() {
     let j = serde_json::to_value(&r).unwrap();
     assert_eq!(j["prefill"][1]["tokens"], 24);
 }
+
+#[test]
+fn cli_parses_bench_and_refuses_bad_input() {
+    use crate::cli::args::{Cli, Command, Device};
+    use clap::Parser;
+    let c = Cli::try_parse_from([
+        "fucina",
+        "bench",
+        "--synth",
+        "qwen3-8b",
+        "--quant",
+        "q4_k_m",
+        "--prompt-lens",
+        "512,4096",
+        "--depths",
+        "0,4096",
+        "--decode-tokens",
+        "128",
+        "--json",
+        "o.json",
+    ])
+    .unwrap();
+    let Some(Command::Bench(b)) = c.command else {
+        panic!("not the bench subcommand")
+    };
+    assert_eq!(b.prompt_lens, vec![512, 4096]);
+    assert_eq!(b.depths, vec![0, 4096]);
+    assert_eq!((b.decode_tokens, b.device), (128, Device::Cuda));
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = b.clone();
+    a.synth = Some("nope".into());
+    let e = super::model_path(&a, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("known: qwen3-8b"), "{e}");
+    a.synth = Some("tiny-qwen3".into());
+    a.quant = "q3_k".into();
+    let e = super::model_path(&a, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("q4_0, q4_k_m or q8_0"), "{e}");
+    a.quant = "q8_0".into();
+    a.synth_out = Some(dir.path().join("t.gguf"));
+    let p = super::model_path(&a, &mut |_| {}).unwrap();
+    let len = std::fs::metadata(&p).unwrap().len();
+    // reused, not rewritten, when present
+    let mut logs = Vec::new();
+    let p2 = super::model_path(&a, &mut |s| logs.push(s.to_string())).unwrap();
+    assert_eq!((p2, std::fs::metadata(&p).unwrap().len()), (p, len));
+    assert!(logs[0].starts_with("reusing"), "{logs:?}");
+}
