@@ -472,15 +472,43 @@ pub fn format_rows(rows: &[ModelRow]) -> String {
     s
 }
 
-/// The GPU run: the CUDA backend (default FP8 KV) against the CPU backend; the only place
-/// that names the CUDA backend.
+/// The GPU run, the only place that names the CUDA backend: with an F16 KV cache, every golden
+/// case and the Gemma 3 270M text against the CPU backend (the bounds of [`Bounds`]); then with
+/// the default FP8 E4M3 cache, the Gemma 3 270M text again (a differing text there is reported,
+/// with the logit error, as its own row).
 pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
     use crate::backend::cuda::{CudaBackend, KvType};
     let cpu = Arc::new(crate::backend::cpu::CpuBackend::new());
-    match CudaBackend::new(ordinal, KvType::default()) {
-        Ok(gpu) => check_all(&Arc::new(gpu), &cpu),
-        Err(e) => vec![ModelRow::failed("cuda backend".into(), e.to_string())],
+    let mut rows = Vec::new();
+    for kv in [KvType::F16, KvType::Fp8E4m3] {
+        let tag = match kv {
+            KvType::F16 => "kv f16",
+            KvType::Fp8E4m3 => "kv fp8",
+        };
+        let gpu = match CudaBackend::new(ordinal, kv) {
+            Ok(g) => Arc::new(g),
+            Err(e) => {
+                rows.push(ModelRow::failed(
+                    format!("[{tag}] cuda backend"),
+                    e.to_string(),
+                ));
+                continue;
+            }
+        };
+        let part = if kv == KvType::F16 {
+            check_all(&gpu, &cpu)
+        } else {
+            vec![match gemma3_270m_path() {
+                Ok(p) => check_gemma3_270m(&p, &gpu, &cpu),
+                Err(e) => ModelRow::failed("gemma-3-270m greedy text".into(), e),
+            }]
+        };
+        rows.extend(part.into_iter().map(|mut r| {
+            r.name = format!("[{tag}] {}", r.name);
+            r
+        }));
     }
+    rows
 }
 
 #[cfg(test)]
