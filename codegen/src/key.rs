@@ -70,6 +70,10 @@ key_enum! {
         Gemv => "gemv",
         Gemm => "gemm",
         AttnDecode => "attn_decode",
+        /// Causal attention of many query rows over the paged KV cache (prefill).
+        AttnPrefill => "attn_prefill",
+        /// Store f32 K/V rows into the paged KV cache (converted to the cache type).
+        KvWrite => "kv_write",
         Sample => "sample",
         /// Benchmark helper: reads a buffer once (read-bandwidth reference for the GEMV bench).
         ReadBw => "read_bw",
@@ -83,6 +87,12 @@ key_enum! {
         L2Norm => "l2_norm",
         /// f32 activations to bf16 (the A operand of the tensor-core GEMM).
         CastBf16 => "cast_bf16",
+        /// MoE router: softmax over experts, top-k, optional renormalisation, per token.
+        MoeRoute => "moe_route",
+        /// Grouped expert GEMV: per (token, slot) pair, the expert read from device memory.
+        MoeGemv => "moe_gemv",
+        /// MoE output: weighted sum of the slots' expert outputs per token.
+        MoeCombine => "moe_combine",
     }
 }
 

@@ -19,8 +19,11 @@ const WEIGHT_FORMATS: &[Quant] = &[
 ];
 
 /// Embedding-table formats the embed kernel dequantises (GGUF tables as stored; other formats
-/// are converted at upload).
-const EMBED_FORMATS: &[Quant] = &[
+/// are converted at upload): the GGUF formats.
+const EMBED_FORMATS: &[Quant] = GGUF_FORMATS;
+
+/// GGUF formats the dp4a / float GEMV paths read (no FP8 / FP4 expert banks in GGUF files).
+const GGUF_FORMATS: &[Quant] = &[
     Quant::F32,
     Quant::F16,
     Quant::Bf16,
@@ -78,7 +81,7 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             any_hd(key)?;
             any_bs(key)
         }
-        Op::Sample | Op::Convert => {
+        Op::Sample | Op::Convert | Op::MoeRoute | Op::MoeCombine => {
             quant_in(key, &[Quant::F32])?;
             any_hd(key)?;
             any_bs(key)
@@ -95,6 +98,13 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
                 Some(n) if n <= 16 => Ok(()),
                 _ => Err("gemv needs a batch bucket of 1..16 rows (gemm covers larger)".into()),
             }
+        }
+        Op::MoeGemv => {
+            // the pair count (tokens x top-k) is a run-time value; float formats dot f32
+            // activations, block formats int8 ones, as the dense gemv
+            quant_in(key, GGUF_FORMATS)?;
+            any_hd(key)?;
+            any_bs(key)
         }
         Op::Gemm => {
             quant_in(key, WEIGHT_FORMATS)?;
@@ -113,6 +123,19 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
                 return Err("attn_decode is specialised per head_dim (64/128/256/512)".into());
             }
             Ok(())
+        }
+        Op::AttnPrefill => {
+            quant_in(key, &[Quant::Fp8E4m3, Quant::F16])?;
+            any_bs(key)?;
+            if key.head_dim == HeadDim::Any {
+                return Err("attn_prefill is specialised per head_dim (64/128/256/512)".into());
+            }
+            Ok(())
+        }
+        Op::KvWrite => {
+            quant_in(key, &[Quant::Fp8E4m3, Quant::F16])?;
+            any_hd(key)?;
+            any_bs(key)
         }
     }
 }
@@ -158,5 +181,54 @@ mod tests {
             ..a
         })
         .is_ok());
+        let pf = KernelKey {
+            op: Op::AttnPrefill,
+            quant: Quant::F16,
+            ..k
+        };
+        assert!(check_legal(&pf).unwrap_err().contains("head_dim"));
+        assert!(check_legal(&KernelKey {
+            head_dim: HeadDim::D512,
+            ..pf
+        })
+        .is_ok());
+        let kw = KernelKey {
+            op: Op::KvWrite,
+            quant: Quant::Fp8E4m3,
+            ..k
+        };
+        assert!(check_legal(&kw).is_ok());
+        assert!(check_legal(&KernelKey {
+            quant: Quant::Bf16,
+            ..kw
+        })
+        .is_err());
+        // MoE: router / combine are f32 and batch-agnostic; the grouped GEMV takes GGUF formats
+        let r = KernelKey {
+            op: Op::MoeRoute,
+            ..k
+        };
+        assert!(check_legal(&r).is_ok());
+        assert!(check_legal(&KernelKey {
+            batch: BatchBucket::B1,
+            ..r
+        })
+        .is_err());
+        let g = KernelKey {
+            op: Op::MoeGemv,
+            quant: Quant::Q6K,
+            ..k
+        };
+        assert!(check_legal(&g).is_ok());
+        assert!(check_legal(&KernelKey {
+            quant: Quant::Fp8E4m3,
+            ..g
+        })
+        .is_err());
+        assert!(check_legal(&KernelKey {
+            batch: BatchBucket::B8,
+            ..g
+        })
+        .is_err());
     }
 }

@@ -94,6 +94,34 @@ pub struct MoeParams {
     pub act: Activation,
 }
 
+/// Whether `parts` can be fused by [`Backend::upload_concat`]: two or more 2-D matrices of one
+/// GGML format (whole rows of blocks), one width, no separate scales.
+pub fn can_concat(parts: &[crate::weights::TensorRef<'_>]) -> bool {
+    use crate::weights::TensorFormat;
+    let Some(first) = parts.first() else {
+        return false;
+    };
+    parts.len() >= 2
+        && parts.iter().all(|p| {
+            matches!(p.format, TensorFormat::Ggml(_))
+                && p.format == first.format
+                && p.shape.len() == 2
+                && p.cols() == first.cols()
+                && p.scales.block.is_none()
+                && p.rows() > 0
+                && p.data.len() % p.rows() == 0
+        })
+}
+
+/// A recorded forward pass (a CUDA graph on the CUDA backend), opaque to the models that keep it.
+pub struct RecordedStep(pub Box<dyn std::any::Any + Send>);
+
+impl std::fmt::Debug for RecordedStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecordedStep")
+    }
+}
+
 /// A backend: storage for tensors and weights, and the ops the models need.
 pub trait Backend: Send + Sync + 'static {
     /// An activation tensor `[rows, cols]` (f32 semantics).
@@ -113,9 +141,67 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
 
+    // ---- recorded decode steps (CUDA graphs) ----
+    /// Start recording the ops of one forward pass instead of running them (a decode step:
+    /// `begin_forward` was called just before with the step's token and position). Returns
+    /// `false` when this backend does not record (the default): run the ops normally.
+    fn record_begin(&self) -> Result<bool> {
+        Ok(false)
+    }
+    /// Stop recording; the returned step replays every recorded op with the token and position
+    /// given to `begin_forward` before each replay. Tensors produced while recording keep their
+    /// storage and receive each replay's results.
+    fn record_end(&self) -> Result<RecordedStep> {
+        Err(BackendError::Unsupported {
+            op: "record_end",
+            backend: self.name(),
+            detail: "this backend does not record steps".into(),
+        })
+    }
+    /// Abandon a recording that failed half-way (the ops recorded so far are discarded).
+    fn record_abort(&self) {}
+    /// Run a recorded step (after `begin_forward` with its token and position).
+    fn replay(&self, _step: &RecordedStep) -> Result<()> {
+        Err(BackendError::Unsupported {
+            op: "replay",
+            backend: self.name(),
+            detail: "this backend does not record steps".into(),
+        })
+    }
+
     // ---- data movement ----
     fn upload(&self, w: &crate::weights::TensorRef<'_>) -> Result<Self::Weight>;
     fn tensor(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
+    /// Upload matrices `[rows_i, cols]` stored in one GGML format as a single
+    /// `[sum(rows_i), cols]` weight (a fused projection: QKV, gate|up), so one GEMV / GEMM reads
+    /// them all. The default concatenates the rows on the host (a transient copy) and uploads
+    /// once; callers check [`can_concat`] first.
+    fn upload_concat(
+        &self,
+        name: &str,
+        parts: &[crate::weights::TensorRef<'_>],
+    ) -> Result<Self::Weight> {
+        if !can_concat(parts) {
+            return Err(BackendError::Shape {
+                op: "upload_concat",
+                detail: format!(
+                    "{name}: parts differ in format or width, or are not GGML matrices"
+                ),
+            });
+        }
+        let rows: usize = parts.iter().map(|p| p.rows()).sum();
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
+        for p in parts {
+            data.extend_from_slice(p.data);
+        }
+        self.upload(&crate::weights::TensorRef {
+            name: name.to_string(),
+            shape: vec![rows, parts[0].cols()],
+            format: parts[0].format,
+            data: &data,
+            scales: Default::default(),
+        })
+    }
     fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
     fn dims(&self, t: &Self::Tensor) -> (usize, usize);
     /// A weight vector (norm weight, scalar) as an f32 tensor `[1, n]`.
@@ -132,6 +218,19 @@ pub trait Backend: Send + Sync + 'static {
     /// Elementwise product; `b` may be `[1, cols]` (broadcast over rows).
     fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
     fn scale(&self, a: &Self::Tensor, s: f32) -> Result<Self::Tensor>;
+    /// `act(x[:, ..ff]) * x[:, ff..]` of a fused gate|up projection `[n, 2 ff]`.
+    fn glu_fused(&self, x: &Self::Tensor, act: Activation) -> Result<Self::Tensor> {
+        let (_, c) = self.dims(x);
+        if c % 2 != 0 {
+            return Err(BackendError::Shape {
+                op: "glu_fused",
+                detail: format!("{c} columns is not gate|up halves"),
+            });
+        }
+        let g = self.slice_cols(x, 0, c / 2)?;
+        let u = self.slice_cols(x, c / 2, c / 2)?;
+        self.glu(&g, &u, act)
+    }
     /// act(gate) * up.
     fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
     /// x * sigmoid(gate); `gate` may also be `[n, 1]` (one gate per row, broadcast over columns,

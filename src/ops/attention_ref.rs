@@ -1,5 +1,7 @@
-//! Reference decode attention: one query token per sequence against cached keys and values
-//! (already dequantised to f32), f64 accumulation. The oracle of the `attn_decode` kernels.
+//! Reference attention against cached keys and values (already dequantised to f32), f64
+//! accumulation: one query token ([`attention_decode`], the oracle of the `attn_decode`
+//! kernels) or many query rows at given positions ([`attention_prefill`], the oracle of
+//! `attn_prefill`).
 
 /// Shape and options of one decode-attention call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -87,9 +89,62 @@ pub fn attention_decode(
     Ok(out)
 }
 
+/// `q` [n][hq][d], row i at position `pos[i]`; `k`, `v` [len][hkv][d] with len > every pos.
+/// Row i attends to the keys `0 ..= pos[i]` (the last `window` of them when `window` > 0).
+/// Returns [n][hq][d].
+pub fn attention_prefill(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    pos: &[usize],
+    p: &DecodeAttn,
+) -> Result<Vec<f32>, AttnRefError> {
+    let row = p.hq * p.head_dim;
+    if q.len() != pos.len() * row {
+        return Err(AttnRefError::Shape(format!(
+            "q {} for {} rows of {row}",
+            q.len(),
+            pos.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(q.len());
+    for (i, &pi) in pos.iter().enumerate() {
+        out.extend(attention_decode(
+            &q[i * row..(i + 1) * row],
+            k,
+            v,
+            pi + 1,
+            p,
+        )?);
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefill_rows_are_causal_decodes() {
+        let p = DecodeAttn {
+            hq: 1,
+            hkv: 1,
+            head_dim: 1,
+            scale: 1.0,
+            softcap: 0.0,
+            window: 0,
+        };
+        // equal keys: row at position j averages v[0..=j]
+        let v = [3.0, 5.0, 10.0];
+        let out = attention_prefill(&[1.0, 1.0, 1.0], &[0.0; 3], &v, &[0, 1, 2], &p).unwrap();
+        assert_eq!(out, vec![3.0, 4.0, 6.0]);
+        // out-of-order positions and a window of 1: each row sees only its own key
+        let w = DecodeAttn { window: 1, ..p };
+        let out = attention_prefill(&[1.0, 1.0], &[0.0; 3], &v, &[2, 0], &w).unwrap();
+        assert_eq!(out, vec![10.0, 3.0]);
+        assert!(attention_prefill(&[1.0], &[0.0; 3], &v, &[3], &p).is_err());
+        assert!(attention_prefill(&[1.0, 1.0], &[0.0; 3], &v, &[0], &p).is_err());
+    }
 
     #[test]
     fn single_key_returns_its_value() {

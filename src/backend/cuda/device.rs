@@ -20,6 +20,7 @@ pub struct CudaDevice {
     modules: Mutex<HashMap<KernelKey, Arc<CudaModule>>>,
     /// Main entry points, resolved once (launch paths do no string work).
     functions: Mutex<HashMap<KernelKey, CudaFunction>>,
+    capture: super::graph::CaptureFlag,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -68,6 +69,7 @@ impl CudaDevice {
             ptx: PtxCache::new(cache),
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            capture: Default::default(),
         })
     }
 
@@ -90,6 +92,10 @@ impl CudaDevice {
     /// Every arch whose PTX this device can run, best first.
     pub fn runnable_arches(&self) -> &[SmArch] {
         &self.arches
+    }
+
+    pub(super) fn capture_flag(&self) -> &super::graph::CaptureFlag {
+        &self.capture
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {

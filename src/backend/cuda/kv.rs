@@ -4,20 +4,168 @@
 //!
 //! Positions come from device memory (`pos`: one i32 per row), so a decode step that calls these
 //! can be captured once and replayed as a CUDA graph at any position.
+//!
+//! Layout: K and V are `[pages][n_kv_heads][KV_PAGE][head_dim]` of the cache type (FP8 E4M3 or
+//! F16), pages in identity order; `extra` holds the identity block table (i32 `[pages]`) the
+//! split-K decode kernel reads. FP8 uses one per-tensor scale of [`KV_SCALE`] = 1.0 for K and V:
+//! values are stored as they are, rounded to nearest even and clamped to +-448 (E4M3FN's
+//! largest finite value). The caches are zeroed when allocated.
 
 use std::sync::Arc;
 
 use super::buf::{DevBuf, DevPtr, Pool};
 use super::error::CudaError;
+use super::launch_attn::{AttnPrefillLaunch, KvLayout};
+use super::launch_decode::AttnDecodeLaunch;
 use super::types::{GpuKvCache, KvType};
 use super::CudaDevice;
 use crate::backend::{AttnParams, KvShape};
+use crate::kernels::{BatchBucket, HeadDim, Op, Quant};
 
-fn todo_err(op: &'static str) -> CudaError {
-    CudaError::Invalid {
-        op,
-        detail: "not implemented on the CUDA backend yet".into(),
+/// Positions per page of the paged layout.
+pub const KV_PAGE: usize = 64;
+/// Per-tensor scale of the K and V caches (stored value = x / scale).
+pub const KV_SCALE: f32 = 1.0;
+/// Target number of decode blocks (splits x KV heads): a couple of waves on a large GPU.
+const DECODE_BLOCKS: usize = 256;
+/// Fewest keys a decode split covers when the cache is full.
+const MIN_SPLIT_KEYS: usize = 256;
+/// Most decode splits.
+const MAX_SPLITS: usize = 64;
+
+fn bad(op: &'static str, detail: String) -> CudaError {
+    CudaError::Invalid { op, detail }
+}
+
+/// The kernels' quant for a cache type.
+pub fn kv_quant(t: KvType) -> Quant {
+    match t {
+        KvType::Fp8E4m3 => Quant::Fp8E4m3,
+        KvType::F16 => Quant::F16,
     }
+}
+
+/// The compile-time head dim of the attention kernels (64, 128, 256, 512).
+pub fn kv_head_dim(d: usize) -> Option<HeadDim> {
+    match d {
+        64 => Some(HeadDim::D64),
+        128 => Some(HeadDim::D128),
+        256 => Some(HeadDim::D256),
+        512 => Some(HeadDim::D512),
+        _ => None,
+    }
+}
+
+/// The paged layout of a cache of `shape` and `kv_type`.
+pub fn kv_layout(shape: &KvShape, kv_type: KvType) -> KvLayout {
+    KvLayout {
+        hkv: shape.n_kv_heads,
+        head_dim: shape.head_dim,
+        page_size: KV_PAGE,
+        capacity: shape.capacity,
+        elem_bytes: kv_type.bytes(),
+    }
+}
+
+/// Validate a cache shape (host side, before allocating).
+pub fn check_kv_shape(shape: &KvShape) -> Result<(), CudaError> {
+    if shape.n_kv_heads == 0 || shape.capacity == 0 || kv_head_dim(shape.head_dim).is_none() {
+        return Err(bad(
+            "kv_cache",
+            format!("{shape:?}: need heads > 0, capacity > 0 and head_dim 64, 128, 256 or 512"),
+        ));
+    }
+    if shape.capacity.div_ceil(KV_PAGE) * KV_PAGE > i32::MAX as usize {
+        return Err(bad(
+            "kv_cache",
+            format!("capacity {} exceeds i32", shape.capacity),
+        ));
+    }
+    Ok(())
+}
+
+/// Host-side check of a write or attention at positions `pos0 .. pos0 + n` (the backend knows
+/// pos0): every position must be below the capacity.
+pub fn check_kv_positions(cache: &GpuKvCache, pos0: usize, n: usize) -> Result<(), CudaError> {
+    check_positions_shape(&cache.shape, pos0, n)
+}
+
+fn check_positions_shape(s: &KvShape, pos0: usize, n: usize) -> Result<(), CudaError> {
+    match pos0.checked_add(n) {
+        Some(end) if end <= s.capacity => Ok(()),
+        _ => Err(bad(
+            "kv_write",
+            format!(
+                "positions {pos0}..{pos0}+{n} past the cache capacity {}",
+                s.capacity
+            ),
+        )),
+    }
+}
+
+/// Validate attention parameters against a cache (host side).
+pub fn check_attention(
+    cache: &GpuKvCache,
+    n: usize,
+    max_pos: usize,
+    p: &AttnParams,
+) -> Result<(), CudaError> {
+    check_attention_shape(&cache.shape, n, max_pos, p)
+}
+
+fn check_attention_shape(
+    s: &KvShape,
+    n: usize,
+    max_pos: usize,
+    p: &AttnParams,
+) -> Result<(), CudaError> {
+    if p.n_kv_heads != s.n_kv_heads || p.head_dim != s.head_dim {
+        return Err(bad(
+            "attention",
+            format!(
+                "params ({} kv heads x {}) over a cache of {} x {}",
+                p.n_kv_heads, p.head_dim, s.n_kv_heads, s.head_dim
+            ),
+        ));
+    }
+    if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 || p.n_heads / p.n_kv_heads > 16 {
+        return Err(bad(
+            "attention",
+            format!(
+                "{} query heads over {} KV heads (group of at most 16)",
+                p.n_heads, p.n_kv_heads
+            ),
+        ));
+    }
+    if n == 0 {
+        return Err(bad("attention", "no query rows".into()));
+    }
+    if max_pos >= s.capacity {
+        return Err(bad(
+            "attention",
+            format!("position {max_pos} past the cache capacity {}", s.capacity),
+        ));
+    }
+    if p.softcap.is_some_and(|c| !(c.is_finite() && c > 0.0)) || !p.scale.is_finite() {
+        return Err(bad(
+            "attention",
+            format!("softcap {:?} scale {}", p.softcap, p.scale),
+        ));
+    }
+    if p.window.is_some_and(|w| w == 0 || w > i32::MAX as usize) {
+        return Err(bad("attention", format!("window {:?}", p.window)));
+    }
+    Ok(())
+}
+
+/// Split-K factor of decode attention, from the cache capacity only (so a captured graph is
+/// valid at every position): about [`DECODE_BLOCKS`] blocks over the KV heads, at least
+/// [`MIN_SPLIT_KEYS`] keys per split of a full cache, at most [`MAX_SPLITS`]. Splits past the
+/// live keys are empty (the kernel writes {-inf, 0} and the combine skips them).
+pub fn decode_splits(capacity: usize, n_kv_heads: usize) -> usize {
+    let by_blocks = DECODE_BLOCKS.div_ceil(n_kv_heads.max(1));
+    let by_keys = capacity.div_ceil(MIN_SPLIT_KEYS);
+    by_blocks.min(by_keys).clamp(1, MAX_SPLITS)
 }
 
 impl CudaDevice {
@@ -28,13 +176,29 @@ impl CudaDevice {
         shape: KvShape,
         kv_type: KvType,
     ) -> Result<GpuKvCache, CudaError> {
-        let _ = (pool, shape, kv_type);
-        Err(todo_err("kv_cache"))
+        check_kv_shape(&shape)?;
+        let layout = kv_layout(&shape, kv_type);
+        let k = pool.alloc_persistent(layout.bytes())?;
+        let v = pool.alloc_persistent(layout.bytes())?;
+        // zeroed, so that a tile that reaches past the written keys reads finite values
+        k.fill_bytes(0)?;
+        v.fill_bytes(0)?;
+        let table: Vec<i32> = (0..layout.pages() as i32).collect();
+        let extra = pool.upload_persistent(&table)?;
+        Ok(GpuKvCache {
+            shape,
+            kv_type,
+            k,
+            v,
+            len: 0,
+            extra: Some(extra),
+        })
     }
 
     /// Write `n` rows of `k`, `v` (f32 `[n, n_kv_heads * head_dim]`) at the positions `pos[0..n]`
     /// (device memory). Updates `cache.len` to `max(len, last host-known position + 1)` is the
-    /// caller's job (the backend knows pos0 on the host).
+    /// caller's job (the backend knows pos0 on the host; [`check_kv_positions`] checks the range).
+    /// Positions at or past the capacity are the caller's error; the kernel skips them.
     pub fn kv_write(
         &self,
         cache: &mut GpuKvCache,
@@ -43,15 +207,38 @@ impl CudaDevice {
         v: DevPtr<f32>,
         n: usize,
     ) -> Result<(), CudaError> {
-        let _ = (cache, pos, k, v, n);
-        Err(todo_err("kv_write"))
+        if n == 0 {
+            return Ok(());
+        }
+        let spec = self.resolve(
+            Op::KvWrite,
+            kv_quant(cache.kv_type),
+            HeadDim::Any,
+            BatchBucket::Any,
+        )?;
+        let layout = kv_layout(&cache.shape, cache.kv_type);
+        self.kv_write_rows(
+            spec,
+            &layout,
+            n,
+            KV_SCALE,
+            KV_SCALE,
+            k,
+            v,
+            pos,
+            cache.k.u8(),
+            cache.v.u8(),
+        )
     }
 
     /// Causal attention of `n` query rows `q` (f32 `[n, n_heads * head_dim]`, row i at position
     /// `pos[i]`, device memory) over the cache's positions `0 ..= pos[i]` (limited by
     /// `p.window`), GQA by `p.n_heads / p.n_kv_heads`, scores times `p.scale`, optional tanh
-    /// soft-cap. `max_pos` is a host-side bound on every `pos[i]` (launch sizing only). Returns
-    /// `[n, n_heads * head_dim]` f32 from `pool`.
+    /// soft-cap. `max_pos` is a host-side bound on every `pos[i]` (checked against the
+    /// capacity). Returns `[n, n_heads * head_dim]` f32 from `pool`.
+    ///
+    /// n == 1: split-K decode (launch independent of the position: graph-capturable);
+    /// n > 1: the prefill kernel over all rows at once.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -63,7 +250,163 @@ impl CudaDevice {
         max_pos: usize,
         p: &AttnParams,
     ) -> Result<DevBuf, CudaError> {
-        let _ = (pool, q, n, cache, pos, max_pos, p);
-        Err(todo_err("attention"))
+        check_attention(cache, n, max_pos, p)?;
+        let d = p.head_dim;
+        let hd = kv_head_dim(d).ok_or_else(|| bad("attention", format!("head_dim {d}")))?;
+        let quant = kv_quant(cache.kv_type);
+        let rows = n * p.n_heads * d;
+        if q.len() < rows || pos.len() < n {
+            return Err(bad(
+                "attention",
+                format!("{n} rows: q {} pos {}", q.len(), pos.len()),
+            ));
+        }
+        let out = pool.alloc(rows * 4)?;
+        let layout = kv_layout(&cache.shape, cache.kv_type);
+        let softcap = p.softcap.unwrap_or(0.0);
+        let window = p.window.unwrap_or(0);
+        if n == 1 {
+            let spec = self.resolve(Op::AttnDecode, quant, hd, BatchBucket::Any)?;
+            let table = cache
+                .extra
+                .as_ref()
+                .ok_or_else(|| bad("attention", "cache without a block table".into()))?;
+            let splits = decode_splits(cache.shape.capacity, p.n_kv_heads);
+            let lp = AttnDecodeLaunch {
+                batch: 1,
+                hq: p.n_heads,
+                hkv: p.n_kv_heads,
+                page_size: KV_PAGE,
+                max_pages: layout.pages(),
+                splits,
+                scale: p.scale,
+                k_scale: KV_SCALE,
+                v_scale: KV_SCALE,
+                softcap,
+                window,
+            };
+            let part_o = pool.alloc(p.n_heads * splits * d * 4)?;
+            let part_ml = pool.alloc(p.n_heads * splits * 2 * 4)?;
+            self.attn_decode(
+                spec,
+                &lp,
+                q,
+                cache.k.u8(),
+                cache.v.u8(),
+                table.ptr::<i32>(),
+                pos,
+                part_o.f32(),
+                part_ml.f32(),
+                out.f32(),
+            )?;
+        } else {
+            let spec = self.resolve(Op::AttnPrefill, quant, hd, BatchBucket::Any)?;
+            let lp = AttnPrefillLaunch {
+                n,
+                hq: p.n_heads,
+                hkv: p.n_kv_heads,
+                scale: p.scale,
+                k_scale: KV_SCALE,
+                v_scale: KV_SCALE,
+                softcap,
+                window,
+            };
+            self.attn_prefill(
+                spec,
+                &lp,
+                &layout,
+                q,
+                pos,
+                cache.k.u8(),
+                cache.v.u8(),
+                out.f32(),
+            )?;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(hkv: usize, d: usize, cap: usize) -> KvShape {
+        KvShape {
+            n_kv_heads: hkv,
+            head_dim: d,
+            capacity: cap,
+        }
+    }
+
+    #[test]
+    fn shapes_and_types() {
+        assert!(check_kv_shape(&shape(8, 128, 4096)).is_ok());
+        assert!(check_kv_shape(&shape(8, 512, 1)).is_ok());
+        assert!(check_kv_shape(&shape(0, 128, 4096)).is_err());
+        assert!(check_kv_shape(&shape(8, 96, 4096)).is_err());
+        assert!(check_kv_shape(&shape(8, 128, 0)).is_err());
+        assert!(check_kv_shape(&shape(8, 128, usize::MAX / 2)).is_err());
+        assert_eq!(kv_quant(KvType::default()), Quant::Fp8E4m3);
+        assert_eq!(kv_quant(KvType::F16), Quant::F16);
+        let l = kv_layout(&shape(4, 256, 100), KvType::F16);
+        assert_eq!((l.pages(), l.page_size, l.elem_bytes), (2, KV_PAGE, 2));
+        assert_eq!(l.bytes(), 2 * 4 * 64 * 256 * 2);
+    }
+
+    #[test]
+    fn splits_depend_on_capacity_only_and_stay_in_range() {
+        assert_eq!(decode_splits(1, 8), 1);
+        assert_eq!(decode_splits(256, 8), 1);
+        assert_eq!(decode_splits(257, 8), 2);
+        assert_eq!(decode_splits(32768, 8), 32);
+        assert_eq!(decode_splits(1 << 20, 1), MAX_SPLITS);
+        assert_eq!(decode_splits(4096, 0), 16);
+        for cap in [1, 63, 64, 1000, 4096, 131072] {
+            for hkv in [1, 2, 4, 8, 16] {
+                let s = decode_splits(cap, hkv);
+                assert!((1..=MAX_SPLITS).contains(&s));
+            }
+        }
+    }
+
+    fn params(hq: usize, hkv: usize, d: usize) -> AttnParams {
+        AttnParams {
+            n_heads: hq,
+            n_kv_heads: hkv,
+            head_dim: d,
+            scale: 0.1,
+            window: None,
+            softcap: None,
+        }
+    }
+
+    #[test]
+    fn attention_validation() {
+        let s = shape(2, 128, 100);
+        let ok =
+            |p: &AttnParams, n: usize, max_pos: usize| check_attention_shape(&s, n, max_pos, p);
+        assert!(ok(&params(8, 2, 128), 4, 99).is_ok());
+        assert!(ok(&params(8, 2, 128), 4, 100).is_err()); // past capacity
+        assert!(ok(&params(8, 2, 128), 0, 0).is_err()); // no rows
+        assert!(ok(&params(8, 4, 128), 1, 0).is_err()); // kv heads differ from the cache
+        assert!(ok(&params(8, 2, 64), 1, 0).is_err()); // head dim differs
+        assert!(ok(&params(7, 2, 128), 1, 0).is_err()); // not a multiple
+        assert!(ok(&params(34, 2, 128), 1, 0).is_err()); // group 17
+        let mut p = params(8, 2, 128);
+        p.softcap = Some(0.0);
+        assert!(ok(&p, 1, 0).is_err());
+        p.softcap = Some(30.0);
+        p.window = Some(0);
+        assert!(ok(&p, 1, 0).is_err());
+        p.window = Some(512);
+        assert!(ok(&p, 1, 0).is_ok());
+    }
+
+    #[test]
+    fn position_ranges() {
+        assert!(check_positions_shape(&shape(1, 64, 10), 0, 10).is_ok());
+        assert!(check_positions_shape(&shape(1, 64, 10), 9, 1).is_ok());
+        assert!(check_positions_shape(&shape(1, 64, 10), 9, 2).is_err());
+        assert!(check_positions_shape(&shape(1, 64, 10), usize::MAX, 2).is_err());
     }
 }

@@ -1,11 +1,12 @@
-//! Typed launches of the decode-step kernels: attention over the paged FP8 KV cache (split-K +
-//! combine) and the sampler.
+//! Typed launches of the decode-step kernels: attention over the paged FP8 / F16 KV cache
+//! (split-K + combine) and the sampler.
 
 use cudarc::driver::{sys, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
+use super::buf::DevPtr;
 use super::error::{drv, CudaError};
 use super::CudaDevice;
-use crate::kernels::{KernelSpec, Op};
+use crate::kernels::{KernelSpec, Op, Quant};
 use crate::ops::sample::SampleParams;
 
 // SAFETY: `SampleParams` is #[repr(C)] plain data with the kernel's `SampleParams` layout
@@ -23,11 +24,13 @@ pub struct AttnDecodeLaunch {
     pub batch: usize,
     pub hq: usize,
     pub hkv: usize,
-    /// Tokens per KV page; the caches are [pages][hkv][page_size][head_dim] E4M3.
+    /// Tokens per KV page; the caches are [pages][hkv][page_size][head_dim] of the kernel's
+    /// quant (FP8 E4M3 or F16).
     pub page_size: usize,
     /// Columns of the block table ([batch][max_pages] i32).
     pub max_pages: usize,
     /// Split-K factor (grid.x); pick so that splits * hkv * batch covers the SMs a few times.
+    /// Splits past the live keys are empty and cost one short block each.
     pub splits: usize,
     pub scale: f32,
     pub k_scale: f32,
@@ -44,11 +47,30 @@ pub struct AttnScratch {
     pub part_ml: CudaSlice<f32>,
 }
 
+/// Bytes per cache element of an attention instance's quant (FP8 E4M3: 1, F16: 2; others have
+/// no attention template).
+pub fn kv_elem_bytes(q: Quant) -> Option<usize> {
+    match q {
+        Quant::Fp8E4m3 => Some(1),
+        Quant::F16 => Some(2),
+        _ => None,
+    }
+}
+
+/// Keys per tile of an attn_decode instance (`params.tk`, default 128).
+pub fn decode_tile_keys(spec: &KernelSpec) -> usize {
+    spec.param_u32("tk").unwrap_or(128) as usize
+}
+
+/// Dynamic shared memory of the decode kernel, bytes (see ops/attn_decode.cu.tera).
+pub fn decode_smem_bytes(group: usize, head_dim: usize, kv_bytes: usize, tk: usize) -> usize {
+    4 * group * head_dim + 4 * group * tk + 8 * tk + tk * head_dim * kv_bytes
+}
+
 impl AttnDecodeLaunch {
-    /// Dynamic shared memory of the main kernel, bytes.
+    /// Dynamic shared memory of the main kernel for an FP8 cache with 128-key tiles, bytes.
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
-        let g = self.hq / self.hkv.max(1);
-        4 * g * head_dim + 4 * g * 128 + 8 * 128 + 128 * head_dim
+        decode_smem_bytes(self.hq / self.hkv.max(1), head_dim, 1, 128)
     }
 }
 
@@ -65,20 +87,23 @@ impl CudaDevice {
         })
     }
 
-    /// Decode attention: `q` f32 [batch][hq][d] -> `out` f32 [batch][hq][d]; `seq_lens` i32
-    /// [batch] in device memory (the current token included, already in the cache).
+    /// Decode attention: `q` f32 [batch][hq][d] -> `out` f32 [batch][hq][d]; `q_pos` i32
+    /// [batch] in device memory: the query's position (its K/V already in the cache, so the
+    /// sequence holds q_pos + 1 keys). `part_o` / `part_ml` are the split-K scratch
+    /// ([batch][hq][splits][d] and [batch][hq][splits][2] f32).
     #[allow(clippy::too_many_arguments)]
     pub fn attn_decode(
         &self,
         spec: &'static KernelSpec,
         p: &AttnDecodeLaunch,
-        q: &CudaSlice<f32>,
-        k_cache: &CudaSlice<u8>,
-        v_cache: &CudaSlice<u8>,
-        block_table: &CudaSlice<i32>,
-        seq_lens: &CudaSlice<i32>,
-        scratch: &mut AttnScratch,
-        out: &mut CudaSlice<f32>,
+        q: DevPtr<f32>,
+        k_cache: DevPtr<u8>,
+        v_cache: DevPtr<u8>,
+        block_table: DevPtr<i32>,
+        q_pos: DevPtr<i32>,
+        part_o: DevPtr<f32>,
+        part_ml: DevPtr<f32>,
+        out: DevPtr<f32>,
     ) -> Result<(), CudaError> {
         const OP: &str = "attn_decode";
         if spec.key.op != Op::AttnDecode {
@@ -93,49 +118,55 @@ impl CudaDevice {
             .value()
             .ok_or_else(|| invalid(OP, "instance has no head_dim".into()))?
             as usize;
+        let kvb = kv_elem_bytes(spec.key.quant)
+            .ok_or_else(|| invalid(OP, format!("no cache layout for {}", spec.key.quant)))?;
         if p.hkv == 0
             || p.hq % p.hkv != 0
             || p.hq / p.hkv > 16
             || p.batch == 0
             || p.splits == 0
             || p.page_size == 0
+            || p.max_pages == 0
         {
             return Err(invalid(
                 OP,
                 format!(
-                    "hq={} hkv={} (group <= 16), batch={}, splits={}, page={}",
-                    p.hq, p.hkv, p.batch, p.splits, p.page_size
+                    "hq={} hkv={} (group <= 16), batch={}, splits={}, page={}, max_pages={}",
+                    p.hq, p.hkv, p.batch, p.splits, p.page_size, p.max_pages
                 ),
             ));
         }
         let rows = p.batch * p.hq;
         if q.len() < rows * d
             || out.len() < rows * d
-            || seq_lens.len() < p.batch
+            || q_pos.len() < p.batch
             || block_table.len() < p.batch * p.max_pages
         {
             return Err(invalid(
                 OP,
-                "q / out / seq_lens / block_table too small".into(),
+                "q / out / q_pos / block_table too small".into(),
             ));
         }
-        if scratch.part_o.len() < rows * p.splits * d || scratch.part_ml.len() < rows * p.splits * 2
-        {
+        if part_o.len() < rows * p.splits * d || part_ml.len() < rows * p.splits * 2 {
             return Err(invalid(OP, "scratch too small for these splits".into()));
         }
-        if k_cache.len() != v_cache.len() || k_cache.len() % (p.hkv * p.page_size * d) != 0 {
+        let page_bytes = p.hkv * p.page_size * d * kvb;
+        if k_cache.len() != v_cache.len() || k_cache.len() % page_bytes != 0 {
             return Err(invalid(
                 OP,
                 "caches are not whole pages of [hkv][page_size][d]".into(),
             ));
         }
-        let smem = p.smem_bytes(d);
+        let tk = decode_tile_keys(spec);
+        let smem = decode_smem_bytes(p.hq / p.hkv, d, kvb, tk);
         let f = self.function(spec)?;
         f.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem as i32,
         )
-        .map_err(drv("raising dynamic shared memory"))?;
+        .map_err(drv(format!(
+            "raising dynamic shared memory to {smem} bytes"
+        )))?;
         let comb = self.function_suffixed(spec, "combine")?;
         let i = |v: usize| i32::try_from(v).map_err(|_| invalid(OP, format!("{v} exceeds i32")));
         let (hq, hkv, pg, mp, win, splits, di) = (
@@ -147,19 +178,30 @@ impl CudaDevice {
             i(p.splits)?,
             i(d)?,
         );
+        let _ = i(p.max_pages * p.page_size)?;
         let cfg = LaunchConfig {
             grid_dim: (p.splits as u32, p.hkv as u32, p.batch as u32),
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem as u32,
         };
+        let (qr, kr, vr, btr, posr, por, pmr, outr) = (
+            q.raw(),
+            k_cache.raw(),
+            v_cache.raw(),
+            block_table.raw(),
+            q_pos.raw(),
+            part_o.raw(),
+            part_ml.raw(),
+            out.raw(),
+        );
         let mut b = self.stream().launch_builder(&f);
-        b.arg(q)
-            .arg(k_cache)
-            .arg(v_cache)
-            .arg(block_table)
-            .arg(seq_lens)
-            .arg(&mut scratch.part_o)
-            .arg(&mut scratch.part_ml);
+        b.arg(&qr)
+            .arg(&kr)
+            .arg(&vr)
+            .arg(&btr)
+            .arg(&posr)
+            .arg(&por)
+            .arg(&pmr);
         b.arg(&hq)
             .arg(&hkv)
             .arg(&pg)
@@ -169,8 +211,10 @@ impl CudaDevice {
             .arg(&p.v_scale)
             .arg(&p.softcap)
             .arg(&win);
-        // SAFETY: matches ops/attn_decode's main signature; sizes checked above; the block table
-        // entries and seq_lens are the caller's contract (pages < cache pages, lens <= pages*page).
+        // SAFETY: matches ops/attn_decode's main signature (q, k_cache, v_cache, block_table,
+        // q_pos, part_o, part_ml, then 5 ints/floats as pushed); sizes checked above; the kernel
+        // clamps the key count to max_pages * page_size; block table entries must be < the
+        // cache's pages (the caller's contract: kv.rs passes an identity table).
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         let cfg = LaunchConfig {
             grid_dim: (p.hq as u32, p.batch as u32, 1),
@@ -178,12 +222,9 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         let mut b = self.stream().launch_builder(&comb);
-        b.arg(&scratch.part_o)
-            .arg(&scratch.part_ml)
-            .arg(out)
-            .arg(&splits)
-            .arg(&di);
-        // SAFETY: matches (const float* part_o, const float2* part_ml, float* out, int splits, int d).
+        b.arg(&por).arg(&pmr).arg(&outr).arg(&splits).arg(&di);
+        // SAFETY: matches (const float* part_o, const float2* part_ml, float* out, int splits, int d);
+        // part_o / part_ml / out sizes checked above.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}__combine", spec.name)))?;
         Ok(())
     }

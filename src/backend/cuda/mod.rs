@@ -10,12 +10,16 @@ mod backend;
 pub mod buf;
 mod device;
 mod error;
+pub mod graph;
 pub mod kv;
 mod launch;
+pub mod launch_attn;
 mod launch_decode;
 mod launch_linear;
 mod launch_ptr;
+mod launch_moe;
 pub mod moe;
+mod moe_prefill;
 mod probe;
 pub mod types;
 
@@ -24,9 +28,11 @@ pub use buf::{DevBuf, DevPtr, Pool, PoolStats};
 pub use device::CudaDevice;
 pub use error::CudaError;
 pub use launch::{GluShape, RopeLaunch};
+pub use launch_attn::{AttnPrefillLaunch, KvLayout};
 pub use launch_decode::{AttnDecodeLaunch, AttnScratch};
 pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
 pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, NormWeightPtr};
+pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
 pub use probe::cuda_available;
 pub use types::{GpuKvCache, GpuTensor, GpuWeight, KvType, WeightView};
 

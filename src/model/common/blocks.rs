@@ -2,9 +2,10 @@
 //! mixture-of-experts block (optionally with a sigmoid-gated shared expert) and a grouped-query
 //! attention layer (q/k norms, partial RoPE, optional per-head output gate).
 
-use crate::backend::{Activation, AttnParams, Backend, MoeParams, Norm, Rope};
+use crate::backend::{can_concat, Activation, AttnParams, Backend, MoeParams, Norm, Rope};
 use crate::bk;
 use crate::model::ModelError;
+use crate::weights::TensorRef;
 
 type R<T> = Result<T, ModelError>;
 
@@ -37,20 +38,102 @@ impl<B: Backend> NormW<B> {
     }
 }
 
+/// The gate and up projections of a gated MLP: one fused `[2 ff, in]` weight when the
+/// checkpoint stores both in one GGML format (one GEMV / GEMM and one pass over the activations
+/// instead of two), else the two weights.
+pub enum GateUp<B: Backend> {
+    Fused(B::Weight),
+    Split { gate: B::Weight, up: B::Weight },
+}
+
+impl<B: Backend> GateUp<B> {
+    pub fn load(be: &B, gate: &TensorRef<'_>, up: &TensorRef<'_>) -> R<Self> {
+        if gate.shape == up.shape && can_concat(&[gate.clone(), up.clone()]) {
+            let name = format!("{}+{}", gate.name, up.name);
+            return Ok(GateUp::Fused(bk!(
+                be.upload_concat(&name, &[gate.clone(), up.clone()])
+            )?));
+        }
+        Ok(GateUp::Split {
+            gate: bk!(be.upload(gate))?,
+            up: bk!(be.upload(up))?,
+        })
+    }
+
+    /// act(gate x) * up x.
+    pub fn forward(&self, be: &B, x: &B::Tensor, act: Activation) -> R<B::Tensor> {
+        match self {
+            GateUp::Fused(w) => {
+                let y = bk!(be.linear(x, w))?;
+                bk!(be.glu_fused(&y, act))
+            }
+            GateUp::Split { gate, up } => {
+                let g = bk!(be.linear(x, gate))?;
+                let u = bk!(be.linear(x, up))?;
+                bk!(be.glu(&g, &u, act))
+            }
+        }
+    }
+}
+
 /// down(act(gate x) * up x).
 pub struct Dense<B: Backend> {
-    pub gate: B::Weight,
-    pub up: B::Weight,
+    pub gate_up: GateUp<B>,
     pub down: B::Weight,
     pub act: Activation,
 }
 
 impl<B: Backend> Dense<B> {
     pub fn forward(&self, be: &B, x: &B::Tensor) -> R<B::Tensor> {
-        let g = bk!(be.linear(x, &self.gate))?;
-        let u = bk!(be.linear(x, &self.up))?;
-        let h = bk!(be.glu(&g, &u, self.act))?;
+        let h = self.gate_up.forward(be, x, self.act)?;
         bk!(be.linear(&h, &self.down))
+    }
+}
+
+/// The Q, K and V projections of an attention layer: one fused weight when the three share a
+/// GGML format, else three.
+pub enum Qkv<B: Backend> {
+    /// `[q_out + k_out + v_out, in]` and the three widths.
+    Fused(B::Weight, [usize; 3]),
+    Split {
+        q: B::Weight,
+        k: B::Weight,
+        v: B::Weight,
+    },
+}
+
+impl<B: Backend> Qkv<B> {
+    pub fn load(be: &B, q: &TensorRef<'_>, k: &TensorRef<'_>, v: &TensorRef<'_>) -> R<Self> {
+        let parts = [q.clone(), k.clone(), v.clone()];
+        if can_concat(&parts) {
+            let name = format!("{}+{}+{}", q.name, k.name, v.name);
+            let w = bk!(be.upload_concat(&name, &parts))?;
+            return Ok(Qkv::Fused(w, [q.rows(), k.rows(), v.rows()]));
+        }
+        Ok(Qkv::Split {
+            q: bk!(be.upload(q))?,
+            k: bk!(be.upload(k))?,
+            v: bk!(be.upload(v))?,
+        })
+    }
+
+    /// (q, k, v) projections of `x`.
+    pub fn forward(&self, be: &B, x: &B::Tensor) -> R<(B::Tensor, B::Tensor, B::Tensor)> {
+        match self {
+            Qkv::Fused(w, [nq, nk, nv]) => {
+                let y = bk!(be.linear(x, w))?;
+                Ok((
+                    bk!(be.slice_cols(&y, 0, *nq))?,
+                    bk!(be.slice_cols(&y, *nq, *nk))?,
+                    bk!(be.slice_cols(&y, nq + nk, *nv))?,
+                ))
+            }
+            Qkv::Split { q, k, v } => Ok((
+                bk!(be.linear(x, q))?,
+                bk!(be.linear(x, k))?,
+                bk!(be.linear(x, v))?,
+            )),
+        }
     }
 }
 
@@ -83,9 +166,7 @@ impl<B: Backend> MoeBlock<B> {
 /// Grouped-query attention with per-head q/k RMSNorm and RoPE. With `gated`, `q_proj` yields
 /// per head `[q | gate]` and the attention output is multiplied by sigmoid(gate) before `o_proj`.
 pub struct AttentionLayer<B: Backend> {
-    pub q: B::Weight,
-    pub k: B::Weight,
-    pub v: B::Weight,
+    pub qkv: Qkv<B>,
     pub o: B::Weight,
     pub q_norm: Option<NormW<B>>,
     pub k_norm: Option<NormW<B>>,
@@ -104,7 +185,7 @@ impl<B: Backend> AttentionLayer<B> {
     ) -> R<B::Tensor> {
         let p = &self.params;
         let hd = p.head_dim;
-        let qf = bk!(be.linear(x, &self.q))?;
+        let (qf, mut k, v) = self.qkv.forward(be, x)?;
         let (q, gate) = if self.gated {
             let mut parts = bk!(be.split_heads(&qf, p.n_heads, &[hd, hd]))?;
             let g = parts.pop();
@@ -112,8 +193,6 @@ impl<B: Backend> AttentionLayer<B> {
         } else {
             (qf, None)
         };
-        let mut k = bk!(be.linear(x, &self.k))?;
-        let v = bk!(be.linear(x, &self.v))?;
         let q = match &self.q_norm {
             Some(n) => n.apply(be, &q)?,
             None => q,

@@ -5,7 +5,7 @@ pub mod blocks;
 pub mod config;
 pub mod source;
 
-pub use blocks::{AttentionLayer, Dense, MoeBlock, NormW};
+pub use blocks::{AttentionLayer, Dense, GateUp, MoeBlock, NormW, Qkv};
 pub use config::{GgufMeta, JsonConfig};
 pub use source::{expert_bank, WeightSource};
 

@@ -209,14 +209,8 @@ impl<B: Backend> GemmaModel<B> {
         let be = &*self.backend;
         let w: &Layer<B> = &self.weights.layers[i];
         let h = self.rms(x, &w.ffn_norm)?;
-        let g = be.linear(&h, &w.mlp.gate).map_err(me)?;
-        let u = be.linear(&h, &w.mlp.up).map_err(me)?;
-        let f = be
-            .linear(
-                &be.glu(&g, &u, Activation::GeluTanh).map_err(me)?,
-                &w.mlp.down,
-            )
-            .map_err(me)?;
+        let gu = w.mlp.gate_up.forward(be, &h, Activation::GeluTanh)?;
+        let f = be.linear(&gu, &w.mlp.down).map_err(me)?;
         let f = match &w.moe {
             Some(moe) => {
                 let f1 = self.rms(&f, &moe.post_norm_1)?;

@@ -4,12 +4,12 @@ use super::moe::MoeBlock;
 use super::spec::GemmaSpec;
 use super::weights::{ffn_width, global_name, Loader};
 use crate::backend::Backend;
+use crate::model::common::GateUp;
 use crate::model::ModelError;
 
 /// Dense GeGLU MLP.
 pub struct Mlp<B: Backend> {
-    pub gate: B::Weight,
-    pub up: B::Weight,
+    pub gate_up: GateUp<B>,
     pub down: B::Weight,
 }
 
@@ -143,8 +143,7 @@ impl<B: Backend> GemmaWeights<B> {
                 post_attn_norm: ld.layer_vector(i, "post_attn_norm", h)?,
                 ffn_norm: ld.layer_vector(i, "ffn_norm", h)?,
                 mlp: Mlp {
-                    gate: ld.layer_matrix(i, "gate", ffn, h)?,
-                    up: ld.layer_matrix(i, "up", ffn, h)?,
+                    gate_up: ld.layer_gate_up(i, ffn, h)?,
                     down: ld.layer_matrix(i, "down", h, ffn)?,
                 },
                 post_ffn_norm: ld.layer_vector(i, "post_ffn_norm", h)?,

@@ -5,6 +5,7 @@
 
 use super::spec::{GemmaSpec, Naming};
 use crate::backend::Backend;
+use crate::model::common::GateUp;
 use crate::model::ModelError;
 use crate::weights::{Checkpoint, TensorFormat, TensorRef};
 
@@ -226,6 +227,19 @@ impl<'a, B: Backend> Loader<'a, B> {
         inp: usize,
     ) -> Result<B::Weight, ModelError> {
         self.matrix(&layer_name(&self.naming, i, key), out, inp)
+    }
+    /// The gate and up matrices `[ffn, hidden]` of layer `i`, fused when their formats allow.
+    pub fn layer_gate_up(
+        &self,
+        i: usize,
+        ffn: usize,
+        hidden: usize,
+    ) -> Result<GateUp<B>, ModelError> {
+        let g = self.tensor_ref(&layer_name(&self.naming, i, "gate"))?;
+        let u = self.tensor_ref(&layer_name(&self.naming, i, "up"))?;
+        Self::check_shape(&g, &[ffn, hidden])?;
+        Self::check_shape(&u, &[ffn, hidden])?;
+        GateUp::load(self.backend, &g, &u)
     }
     pub fn layer_vector(&self, i: usize, key: &str, n: usize) -> Result<B::Tensor, ModelError> {
         self.vector(&layer_name(&self.naming, i, key), n)

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use crate::backend::{Activation, AttnParams, Backend, KvShape, MoeParams, Rope};
 use crate::bk;
 use crate::model::common::source::BankSource;
-use crate::model::common::{expert_bank, AttentionLayer, Dense, MoeBlock, NormW, WeightSource};
+use crate::model::common::{
+    expert_bank, AttentionLayer, Dense, GateUp, MoeBlock, NormW, Qkv, WeightSource,
+};
 use crate::model::registry::LoadOptions;
 use crate::model::{CausalLm, Logits, ModelError, ModelInfo, Session};
 use crate::ops::RopeLayout;
@@ -52,10 +54,13 @@ struct Loader<'a, B: Backend> {
     names: &'a Names,
 }
 
-impl<B: Backend> Loader<'_, B> {
+impl<'a, B: Backend> Loader<'a, B> {
     fn w(&self, name: &str) -> R<B::Weight> {
         let t = self.src.tensor(name)?;
         bk!(self.be.upload(&t))
+    }
+    fn tref(&self, i: usize, r: Role) -> R<crate::weights::TensorRef<'a>> {
+        self.src.tensor(&self.names.layer(i, r))
     }
     fn lw(&self, i: usize, r: Role) -> R<B::Weight> {
         self.w(&self.names.layer(i, r))
@@ -118,9 +123,12 @@ impl<B: Backend> QwenModel<B> {
         for i in 0..cfg.n_layers {
             let mixer = match cfg.mixers[i] {
                 Mixer::Attention => MixerW::Attn(AttentionLayer {
-                    q: l.lw(i, Role::Q)?,
-                    k: l.lw(i, Role::K)?,
-                    v: l.lw(i, Role::V)?,
+                    qkv: Qkv::load(
+                        be,
+                        &l.tref(i, Role::Q)?,
+                        &l.tref(i, Role::K)?,
+                        &l.tref(i, Role::V)?,
+                    )?,
                     o: l.lw(i, Role::O)?,
                     q_norm: Some(l.norm(
                         &names.layer(i, Role::QNorm),
@@ -188,8 +196,7 @@ impl<B: Backend> QwenModel<B> {
             (Role::Gate, Role::Up, Role::Down)
         };
         Ok(Dense {
-            gate: l.lw(i, g)?,
-            up: l.lw(i, u)?,
+            gate_up: GateUp::load(l.be, &l.tref(i, g)?, &l.tref(i, u)?)?,
             down: l.lw(i, d)?,
             act: Activation::Silu,
         })

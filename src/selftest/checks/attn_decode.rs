@@ -1,10 +1,11 @@
-//! Decode attention over a paged FP8 E4M3 KV cache vs `ops::attention_ref` on the dequantised
-//! cache: GQA groups 1..16, pages handed out in shuffled order, several sequences of different
-//! lengths (one of length 1), sliding windows, softcap, one and many splits.
+//! Decode attention over a paged FP8 E4M3 or F16 KV cache vs `ops::attention_ref` on the
+//! dequantised cache: GQA groups 1..16, pages handed out in shuffled order, several sequences of
+//! different lengths (one of length 1), sliding windows, softcap, one and many splits (most of
+//! them empty in one case). The kernel reads query positions (length - 1) from device memory.
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::{AttnDecodeLaunch, CudaError};
-use crate::kernels::{KernelKey, KernelSpec, Op};
+use crate::backend::cuda::{AttnDecodeLaunch, CudaError, DevPtr};
+use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::attention_ref::{attention_decode, DecodeAttn};
 use crate::quant::{e4m3_to_f32, f32_to_e4m3};
 use rand::seq::SliceRandom;
@@ -30,7 +31,8 @@ fn cases(d: usize) -> Vec<Case> {
         softcap,
         splits,
     };
-    match d {
+    let mut v = match d {
+        64 => vec![c(8, 2, &[900, 5], 0, 0.0, 8), c(4, 1, &[200], 100, 20.0, 3)],
         128 => vec![c(32, 8, &[1000, 37], 0, 0.0, 8), c(4, 4, &[300], 0, 0.0, 1)],
         256 => vec![
             c(16, 8, &[1500, 700], 1024, 50.0, 6),
@@ -40,6 +42,25 @@ fn cases(d: usize) -> Vec<Case> {
             c(16, 1, &[777, 1], 0, 0.0, 8),
             c(8, 2, &[2000], 512, 30.0, 4),
         ],
+    };
+    // 40 keys over 32 splits of >= 32 keys: 30 splits are empty
+    v.push(c(4, 2, &[40], 0, 0.0, 32));
+    v
+}
+
+/// Cache bytes of `x` in the instance's element type, and the value each element decodes to.
+pub(super) fn encode_kv(quant: Quant, x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    match quant {
+        Quant::F16 => {
+            let h: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
+            let bytes = h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+            (bytes, h.iter().map(|v| v.to_f32()).collect())
+        }
+        _ => {
+            let b: Vec<u8> = x.iter().map(|&v| f32_to_e4m3(v)).collect();
+            let f = b.iter().map(|&c| e4m3_to_f32(c)).collect();
+            (b, f)
+        }
     }
 }
 
@@ -66,12 +87,10 @@ impl KernelCheck for AttnDecodeCheck {
             let mut order: Vec<i32> = (0..pages as i32).collect();
             order.shuffle(rng);
             let n = pages * c.hkv * page * d;
-            let kc: Vec<u8> = (0..n)
-                .map(|_| f32_to_e4m3((rng.random::<f32>() - 0.5) * 4.0))
-                .collect();
-            let vc: Vec<u8> = (0..n)
-                .map(|_| f32_to_e4m3((rng.random::<f32>() - 0.5) * 4.0))
-                .collect();
+            let kx: Vec<f32> = (0..n).map(|_| (rng.random::<f32>() - 0.5) * 4.0).collect();
+            let vx: Vec<f32> = (0..n).map(|_| (rng.random::<f32>() - 0.5) * 4.0).collect();
+            let (kc, kf) = encode_kv(spec.key.quant, &kx);
+            let (vc, vf) = encode_kv(spec.key.quant, &vx);
             let q: Vec<f32> = (0..b * c.hq * d)
                 .map(|_| rng.random::<f32>() - 0.5)
                 .collect();
@@ -99,8 +118,8 @@ impl KernelCheck for AttnDecodeCheck {
                             (j * c.hkv + h) * d,
                         );
                         for e in 0..d {
-                            kd[dst + e] = e4m3_to_f32(kc[src + e]) * p.k_scale;
-                            vd[dst + e] = e4m3_to_f32(vc[src + e]) * p.v_scale;
+                            kd[dst + e] = kf[src + e] * p.k_scale;
+                            vd[dst + e] = vf[src + e] * p.v_scale;
                         }
                     }
                 }
@@ -119,19 +138,31 @@ impl KernelCheck for AttnDecodeCheck {
                 })?;
                 want.extend(o);
             }
-            let lens: Vec<i32> = c.lens.iter().map(|&l| l as i32).collect();
+            // the kernel takes the query positions: length - 1
+            let qpos: Vec<i32> = c.lens.iter().map(|&l| l as i32 - 1).collect();
             let (dq, dk, dv) = (cx.dev.upload(&q)?, cx.dev.upload(&kc)?, cx.dev.upload(&vc)?);
-            let (dbt, dl) = (cx.dev.upload(&order)?, cx.dev.upload(&lens)?);
-            let mut scratch = cx.dev.attn_scratch(&p, d)?;
-            let mut out = cx.dev.filled_f32(b * c.hq * d, f32::NAN)?;
-            cx.dev
-                .attn_decode(spec, &p, &dq, &dk, &dv, &dbt, &dl, &mut scratch, &mut out)?;
+            let (dbt, dl) = (cx.dev.upload(&order)?, cx.dev.upload(&qpos)?);
+            let scratch = cx.dev.attn_scratch(&p, d)?;
+            let out = cx.dev.filled_f32(b * c.hq * d, f32::NAN)?;
+            let dev = cx.dev;
+            let launch = || {
+                dev.attn_decode(
+                    spec,
+                    &p,
+                    DevPtr::of(&dq),
+                    DevPtr::of(&dk),
+                    DevPtr::of(&dv),
+                    DevPtr::of(&dbt),
+                    DevPtr::of(&dl),
+                    DevPtr::of(&scratch.part_o),
+                    DevPtr::of(&scratch.part_ml),
+                    DevPtr::of(&out),
+                )
+            };
+            launch()?;
             cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
             if ci == 0 {
-                let dev = cx.dev;
-                micros = time_us(dev, cx.iters, || {
-                    dev.attn_decode(spec, &p, &dq, &dk, &dv, &dbt, &dl, &mut scratch, &mut out)
-                })?;
+                micros = time_us(dev, cx.iters, launch)?;
             }
         }
         Ok(Measured { cmp, micros })

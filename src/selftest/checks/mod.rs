@@ -1,6 +1,7 @@
 //! The registry of per-op checks. Add one line per check (its own file in this folder).
 
 mod attn_decode;
+mod attn_prefill;
 mod cast_bf16;
 mod convert;
 mod embed;
@@ -8,7 +9,9 @@ mod ewise;
 mod gemm;
 mod gemv;
 mod glu;
+mod kv_write;
 mod l2_norm;
+mod moe;
 mod read_bw;
 mod rmsnorm;
 mod rope;
@@ -29,6 +32,8 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &gemv::GemvCheck,
         &gemm::GemmCheck,
         &attn_decode::AttnDecodeCheck,
+        &attn_prefill::AttnPrefillCheck,
+        &kv_write::KvWriteCheck,
         &sample::SampleCheck,
         &read_bw::ReadBwCheck,
         &convert::ConvertCheck,
@@ -36,6 +41,9 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &ewise::EwiseCheck,
         &l2_norm::L2NormCheck,
         &cast_bf16::CastBf16Check,
+        &moe::MoeRouteCheck,
+        &moe::MoeGemvCheck,
+        &moe::MoeCombineCheck,
     ]
 }
 

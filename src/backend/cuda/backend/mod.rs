@@ -20,11 +20,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::buf::{read_ptr, DevBuf, Pool, PoolStats};
 use super::error::CudaError;
+use super::graph::StepGraph;
 use super::launch_ptr::Kern;
 use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
 use super::CudaDevice;
 use crate::backend::{
-    Activation, AttnParams, Backend, BackendError, KvShape, MoeParams, Norm, Result, Rope,
+    Activation, AttnParams, Backend, BackendError, KvShape, MoeParams, Norm, RecordedStep, Result,
+    Rope,
 };
 use crate::kernels::{BatchBucket, Op, Quant};
 use crate::weights::TensorRef;
@@ -136,12 +138,41 @@ impl Backend for CudaBackend {
     type Weight = GpuWeight;
     type KvCache = GpuKvCache;
 
+    fn record_begin(&self) -> Result<bool> {
+        if std::env::var_os("FUCINA_NO_GRAPHS").is_some() {
+            return Ok(false);
+        }
+        self.dev.capture_begin()?;
+        Ok(true)
+    }
+
+    fn record_end(&self) -> Result<RecordedStep> {
+        Ok(RecordedStep(Box::new(self.dev.capture_end()?)))
+    }
+
+    fn record_abort(&self) {
+        self.dev.capture_abort();
+    }
+
+    fn replay(&self, step: &RecordedStep) -> Result<()> {
+        let g = step
+            .0
+            .downcast_ref::<StepGraph>()
+            .ok_or_else(|| BackendError::Unsupported {
+                op: "replay",
+                backend: "cuda",
+                detail: "not a step recorded by the CUDA backend".into(),
+            })?;
+        Ok(self.dev.replay(g)?)
+    }
+
     fn name(&self) -> &'static str {
         "cuda"
     }
 
     fn begin_forward(&self, ids: &[u32], pos0: usize) -> Result<()> {
-        Ok(self.step().begin(&self.pool, ids, pos0)?)
+        let capturing = self.dev.capturing();
+        Ok(self.step().begin(&self.pool, ids, pos0, capturing)?)
     }
 
     fn upload(&self, w: &TensorRef<'_>) -> Result<GpuWeight> {

@@ -15,7 +15,12 @@ use super::super::error::CudaError;
 /// Host view of what the step buffer holds.
 #[derive(Debug, Default)]
 pub(crate) struct StepState {
+    /// The buffer of the current pass: `multi` (n > 1) or `single` (n == 1).
     buf: Option<DevBuf>,
+    /// Passes of several tokens (grows).
+    multi: Option<DevBuf>,
+    /// One-token passes: never reallocated, so a captured decode step keeps pointing at it.
+    single: Option<DevBuf>,
     /// Capacity of `buf` in i32 values.
     cap: usize,
     ids: Vec<u32>,
@@ -44,17 +49,51 @@ pub(crate) fn step_image(ids: &[u32], pos0: usize) -> Result<Vec<i32>, CudaError
 impl StepState {
     /// Register this pass's ids and first position; grows the buffer (outside any capture)
     /// when needed, then copies ids and positions to the device.
-    pub fn begin(&mut self, pool: &Arc<Pool>, ids: &[u32], pos0: usize) -> Result<(), CudaError> {
+    ///
+    /// While a CUDA graph is being captured (`capturing`), nothing is copied: the pass must be
+    /// the one registered just before the capture began (its data is already on the device).
+    pub fn begin(
+        &mut self,
+        pool: &Arc<Pool>,
+        ids: &[u32],
+        pos0: usize,
+        capturing: bool,
+    ) -> Result<(), CudaError> {
+        if capturing {
+            if self.ids_match(ids) && self.pos0 == pos0 {
+                return Ok(());
+            }
+            return Err(CudaError::Invalid {
+                op: "begin_forward",
+                detail: "a recorded step must run the pass registered before recording".into(),
+            });
+        }
         let image = step_image(ids, pos0)?;
-        if image.len() > self.cap || self.buf.is_none() {
-            let cap = image.len().next_power_of_two().max(64);
-            self.buf = None;
-            self.buf = Some(pool.alloc_persistent(cap * 4)?);
-            self.cap = cap;
+        // Move the current buffer back to its slot, then pick the slot for this pass.
+        if let Some(b) = self.buf.take() {
+            if self.n == 1 {
+                self.single = Some(b);
+            } else {
+                self.multi = Some(b);
+            }
         }
-        if let Some(b) = &self.buf {
-            b.write(&image)?;
-        }
+        let b = if ids.len() == 1 {
+            match self.single.take() {
+                Some(b) => b,
+                None => pool.alloc_persistent(2 * 4)?,
+            }
+        } else {
+            match self.multi.take() {
+                Some(b) if image.len() <= self.cap => b,
+                _ => {
+                    let cap = image.len().next_power_of_two().max(64);
+                    self.cap = cap;
+                    pool.alloc_persistent(cap * 4)?
+                }
+            }
+        };
+        b.write(&image)?;
+        self.buf = Some(b);
         self.ids.clear();
         self.ids.extend_from_slice(ids);
         self.pos0 = pos0;
@@ -91,6 +130,8 @@ impl StepState {
     pub(crate) fn fake(ids: &[u32], pos0: usize) -> StepState {
         StepState {
             buf: None,
+            multi: None,
+            single: None,
             cap: 0,
             ids: ids.to_vec(),
             pos0,

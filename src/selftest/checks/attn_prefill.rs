@@ -1,0 +1,199 @@
+//! Prefill attention over the paged FP8 E4M3 / F16 cache vs `ops::attention_ref` on the
+//! dequantised cache (the reference reads K/V rounded exactly as the cache stores them, so the
+//! bound is the f32-vs-f64 arithmetic only). The cache is filled through `kv_cache_new` +
+//! `kv_write` (prefix rows before the query rows: positions not starting at 0), then the
+//! instance runs on the query rows. Cases: GQA groups 1, 4 and 16, a sliding window with a tanh
+//! softcap, query rows in shuffled position order, row counts that are not multiples of the
+//! 16-row tile, keys crossing pages. The `attention` entry point is checked on the same data
+//! for many rows (prefill dispatch) and for the last row alone (split-K decode dispatch).
+
+use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
+use super::attn_decode::encode_kv;
+use crate::backend::cuda::kv::kv_layout;
+use crate::backend::cuda::{AttnPrefillLaunch, CudaError, DevPtr, KvType, Pool};
+use crate::backend::{AttnParams, KvShape};
+use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
+use crate::ops::attention_ref::{attention_prefill, DecodeAttn};
+use rand::seq::SliceRandom;
+
+pub struct AttnPrefillCheck;
+
+struct Case {
+    hq: usize,
+    hkv: usize,
+    n: usize,
+    pos0: usize,
+    cap: usize,
+    window: usize,
+    softcap: f32,
+    /// Multiplier on 1/sqrt(d).
+    sharp: f32,
+    shuffle: bool,
+}
+
+fn cases(d: usize) -> Vec<Case> {
+    let c = |hq, hkv, n, pos0, cap, window, softcap, sharp, shuffle| Case {
+        hq,
+        hkv,
+        n,
+        pos0,
+        cap,
+        window,
+        softcap,
+        sharp,
+        shuffle,
+    };
+    let mut v = vec![
+        c(8, 2, 40, 0, 128, 0, 0.0, 1.0, false),
+        c(16, 1, 33, 70, 200, 48, 30.0, 3.0, false),
+        c(4, 4, 17, 5, 192, 0, 0.0, 1.0, true),
+    ];
+    if d <= 256 {
+        v.push(c(8, 8, 100, 300, 512, 0, 0.0, 1.5, false));
+    }
+    v
+}
+
+fn err(e: impl std::fmt::Display) -> CudaError {
+    CudaError::Invalid {
+        op: "selftest",
+        detail: e.to_string(),
+    }
+}
+
+impl KernelCheck for AttnPrefillCheck {
+    fn name(&self) -> &'static str {
+        "attn_prefill"
+    }
+    fn covers(&self, key: &KernelKey) -> bool {
+        key.op == Op::AttnPrefill
+    }
+    fn bound(&self, _: &KernelKey) -> f64 {
+        2e-3 // f32 with __expf against f64 (as attn_decode)
+    }
+    fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
+        let d = spec.key.head_dim.value().unwrap_or(0) as usize;
+        let quant = spec.key.quant;
+        let kv_type = if quant == Quant::F16 {
+            KvType::F16
+        } else {
+            KvType::Fp8E4m3
+        };
+        let dev = cx.dev;
+        let pool = Pool::new(dev.stream().clone());
+        let mut cmp = Comparison::default();
+        let mut micros = 0.0;
+        for (ci, c) in cases(d).into_iter().enumerate() {
+            let rng = &mut cx.rng;
+            let total = c.pos0 + c.n;
+            let row = c.hkv * d;
+            let shape = KvShape {
+                n_kv_heads: c.hkv,
+                head_dim: d,
+                capacity: c.cap,
+            };
+            let mut cache = dev.kv_cache_new(&pool, shape, kv_type)?;
+            let kx = uniform(rng, total * row, -2.0, 2.0);
+            let vx = uniform(rng, total * row, -2.0, 2.0);
+            let (_, kf) = encode_kv(quant, &kx);
+            let (_, vf) = encode_kv(quant, &vx);
+            // prefix rows 0..pos0, then the chunk's rows pos0..total (as a backend would)
+            let all_pos: Vec<i32> = (0..total as i32).collect();
+            let (dkx, dvx, dall) = (dev.upload(&kx)?, dev.upload(&vx)?, dev.upload(&all_pos)?);
+            for (a, b) in [(0, c.pos0), (c.pos0, total)] {
+                if b > a {
+                    let k = DevPtr::of(&dkx)
+                        .slice(a * row, (b - a) * row)
+                        .ok_or_else(|| err("k"))?;
+                    let v = DevPtr::of(&dvx)
+                        .slice(a * row, (b - a) * row)
+                        .ok_or_else(|| err("v"))?;
+                    let p = DevPtr::of(&dall)
+                        .slice(a, b - a)
+                        .ok_or_else(|| err("pos"))?;
+                    dev.kv_write(&mut cache, p, k, v, b - a)?;
+                }
+            }
+            cache.len = total;
+            let mut qpos: Vec<usize> = (c.pos0..total).collect();
+            if c.shuffle {
+                qpos.shuffle(rng);
+            }
+            let q = uniform(rng, c.n * c.hq * d, -1.5, 1.5);
+            let scale = c.sharp / (d as f32).sqrt();
+            let r = DecodeAttn {
+                hq: c.hq,
+                hkv: c.hkv,
+                head_dim: d,
+                scale,
+                softcap: c.softcap,
+                window: c.window,
+            };
+            let want = attention_prefill(&q, &kf, &vf, &qpos, &r).map_err(err)?;
+            let qpos_i: Vec<i32> = qpos.iter().map(|&p| p as i32).collect();
+            let (dq, dpos) = (dev.upload(&q)?, dev.upload(&qpos_i)?);
+            let out = dev.filled_f32(c.n * c.hq * d, f32::NAN)?;
+            let lp = AttnPrefillLaunch {
+                n: c.n,
+                hq: c.hq,
+                hkv: c.hkv,
+                scale,
+                k_scale: 1.0,
+                v_scale: 1.0,
+                softcap: c.softcap,
+                window: c.window,
+            };
+            let layout = kv_layout(&shape, kv_type);
+            let launch = || {
+                dev.attn_prefill(
+                    spec,
+                    &lp,
+                    &layout,
+                    DevPtr::of(&dq),
+                    DevPtr::of(&dpos),
+                    cache.k.u8(),
+                    cache.v.u8(),
+                    DevPtr::of(&out),
+                )
+            };
+            launch()?;
+            cmp = cmp.merge(Comparison::new(&dev.download(&out)?, &want));
+            if ci == 0 {
+                micros = time_us(dev, cx.iters, launch)?;
+            }
+            // the backend entry point: prefill dispatch on all rows, decode on the last one
+            let ap = AttnParams {
+                n_heads: c.hq,
+                n_kv_heads: c.hkv,
+                head_dim: d,
+                scale,
+                window: (c.window > 0).then_some(c.window),
+                softcap: (c.softcap > 0.0).then_some(c.softcap),
+            };
+            let got = dev.attention(
+                &pool,
+                DevPtr::of(&dq),
+                c.n,
+                &cache,
+                DevPtr::of(&dpos),
+                total - 1,
+                &ap,
+            )?;
+            cmp = cmp.merge(Comparison::new(&got.read::<f32>(c.n * c.hq * d)?, &want));
+            let last = c.n - 1;
+            let rl = c.hq * d;
+            let q1 = DevPtr::of(&dq)
+                .slice(last * rl, rl)
+                .ok_or_else(|| err("q"))?;
+            let p1 = DevPtr::of(&dpos).slice(last, 1).ok_or_else(|| err("pos"))?;
+            let got = dev.attention(&pool, q1, 1, &cache, p1, total - 1, &ap)?;
+            cmp = cmp.merge(Comparison::new(
+                &got.read::<f32>(rl)?,
+                &want[last * rl..(last + 1) * rl],
+            ));
+        }
+        // the pool has no Drop that frees its cache: hand the buffers back to the driver
+        pool.trim()?;
+        Ok(Measured { cmp, micros })
+    }
+}

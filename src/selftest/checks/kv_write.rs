@@ -1,0 +1,119 @@
+//! `kv_write` (f32 K/V rows into the paged FP8 E4M3 / F16 cache at device positions) vs the
+//! host encoding of the same rows (`crate::quant::f32_to_e4m3`, `half::f16::from_f32`): exact.
+//! Positions in shuffled order, values past the FP8 range (saturate to +-448), power-of-two
+//! scales, and two rows at positions -1 and `capacity` that must not be written anywhere.
+
+use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
+use super::attn_decode::encode_kv;
+use crate::backend::cuda::{CudaError, DevPtr, KvLayout};
+use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
+use crate::quant::e4m3_to_f32;
+use rand::seq::SliceRandom;
+
+pub struct KvWriteCheck;
+
+fn decode(quant: Quant, bytes: &[u8]) -> Vec<f32> {
+    match quant {
+        Quant::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect(),
+        _ => bytes.iter().map(|&b| e4m3_to_f32(b)).collect(),
+    }
+}
+
+impl KernelCheck for KvWriteCheck {
+    fn name(&self) -> &'static str {
+        "kv_write"
+    }
+    fn covers(&self, key: &KernelKey) -> bool {
+        key.op == Op::KvWrite
+    }
+    fn bound(&self, _: &KernelKey) -> f64 {
+        1e-7 // bit-exact conversion expected
+    }
+    fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
+        let quant = spec.key.quant;
+        let kvb = if quant == Quant::F16 { 2 } else { 1 };
+        let mut cmp = Comparison::default();
+        let mut micros = 0.0;
+        // (hkv, head_dim, capacity, rows)
+        for (ci, &(hkv, d, cap, n)) in [(2, 128, 200, 37), (1, 512, 70, 5), (4, 64, 192, 192)]
+            .iter()
+            .enumerate()
+        {
+            let layout = KvLayout {
+                hkv,
+                head_dim: d,
+                page_size: 64,
+                capacity: cap,
+                elem_bytes: kvb,
+            };
+            let row = hkv * d;
+            let rows = n + 2;
+            let mut k = uniform(&mut cx.rng, rows * row, -3.0, 3.0);
+            let v = uniform(&mut cx.rng, rows * row, -3.0, 3.0);
+            k[0] = 1000.0; // saturates in FP8 (stored / 2 = 500 -> 448)
+            k[1] = -600.0;
+            let mut order: Vec<usize> = (0..cap).collect();
+            order.shuffle(&mut cx.rng);
+            let mut pos: Vec<i32> = order[..n].iter().map(|&p| p as i32).collect();
+            pos.push(cap as i32); // past the capacity: skipped
+            pos.push(-1); // negative: skipped
+            let (ks, vs) = (2.0f32, 0.5f32);
+            let kq: Vec<f32> = k.iter().map(|x| x * (1.0 / ks)).collect();
+            let vq: Vec<f32> = v.iter().map(|x| x * (1.0 / vs)).collect();
+            let (kb, _) = encode_kv(quant, &kq);
+            let (vb, _) = encode_kv(quant, &vq);
+            let mut want_k = vec![0u8; layout.bytes()];
+            let mut want_v = vec![0u8; layout.bytes()];
+            for (i, &p) in pos[..n].iter().enumerate() {
+                for h in 0..hkv {
+                    let dst = layout.elem_offset(p as usize, h) * kvb;
+                    let src = (i * row + h * d) * kvb;
+                    want_k[dst..dst + d * kvb].copy_from_slice(&kb[src..src + d * kvb]);
+                    want_v[dst..dst + d * kvb].copy_from_slice(&vb[src..src + d * kvb]);
+                }
+            }
+            let zeros = vec![0u8; layout.bytes()];
+            let (dk, dv, dp) = (cx.dev.upload(&k)?, cx.dev.upload(&v)?, cx.dev.upload(&pos)?);
+            let (kc, vc) = (cx.dev.upload(&zeros)?, cx.dev.upload(&zeros)?);
+            let dev = cx.dev;
+            let launch = || {
+                dev.kv_write_rows(
+                    spec,
+                    &layout,
+                    rows,
+                    ks,
+                    vs,
+                    DevPtr::of(&dk),
+                    DevPtr::of(&dv),
+                    DevPtr::of(&dp),
+                    DevPtr::of(&kc),
+                    DevPtr::of(&vc),
+                )
+            };
+            launch()?;
+            let (gk, gv) = (dev.download(&kc)?, dev.download(&vc)?);
+            cmp = cmp.merge(Comparison::new(
+                &decode(quant, &gk),
+                &decode(quant, &want_k),
+            ));
+            cmp = cmp.merge(Comparison::new(
+                &decode(quant, &gv),
+                &decode(quant, &want_v),
+            ));
+            if gk != want_k || gv != want_v {
+                // a byte-level difference the decoded comparison could hide (e.g. -0 vs +0)
+                let diff = gk.iter().zip(&want_k).filter(|(a, b)| a != b).count()
+                    + gv.iter().zip(&want_v).filter(|(a, b)| a != b).count();
+                let bytes_only = Comparison::new(&[diff as f32], &[0.0]);
+                cmp = cmp.merge(bytes_only);
+            }
+            if ci == 0 {
+                micros = time_us(dev, cx.iters, launch)?;
+            }
+        }
+        Ok(Measured { cmp, micros })
+    }
+}
