@@ -7,6 +7,7 @@
 pub mod arch;
 pub mod assets;
 pub mod backend;
+pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod engine;

@@ -18,9 +18,12 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Check every kernel variant and whole models against the CPU reference (GPU machine).
     Selftest(crate::selftest::SelftestArgs),
+    /// Measure prefill, decode and memory on a GGUF (or a random-weight one at a real shape).
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

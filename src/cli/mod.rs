@@ -46,6 +46,10 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
+    if let Some(Command::Bench(args)) = cli.command {
+        crate::bench::run(&args)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let a = cli.run;
     load::report_unavailable(&a);
     let thinking = ThinkingLevel::parse(&a.thinking).ok_or_else(|| {

@@ -7,6 +7,7 @@
 mod backend_ops;
 mod check;
 mod checks;
+pub mod models;
 
 pub use check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 
@@ -37,6 +38,9 @@ pub struct SelftestArgs {
     /// variable FUCINA_STRICT_KERNELS=1 does the same (read by the PTX cache configuration).
     #[arg(long)]
     pub strict_kernels: bool,
+    /// Skip the whole-model checks (golden models and Gemma 3 270M, GPU against CPU).
+    #[arg(long)]
+    pub skip_models: bool,
 }
 
 impl Default for SelftestArgs {
@@ -48,6 +52,7 @@ impl Default for SelftestArgs {
             iters: 20,
             generic: false,
             strict_kernels: false,
+            skip_models: false,
         }
     }
 }
@@ -138,7 +143,22 @@ pub fn run(args: &SelftestArgs) -> anyhow::Result<bool> {
     } else {
         0
     };
-    Ok(failed == 0 && backend_failed == 0)
+    let mut model_failed = 0;
+    let models_selected = args
+        .filter
+        .as_deref()
+        .is_none_or(|f| "models".contains(f) || f.contains("model"));
+    if !args.skip_models && models_selected {
+        let mrows = models::run_gpu(args.device);
+        print!("{}", models::format_rows(&mrows));
+        model_failed = mrows.iter().filter(|r| !r.pass).count();
+        println!(
+            "{} model checks, {} passed, {model_failed} failed",
+            mrows.len(),
+            mrows.len() - model_failed
+        );
+    }
+    Ok(failed == 0 && backend_failed == 0 && model_failed == 0)
 }
 
 /// The backend-level table (`backend_ops`): every CUDA backend op against the CPU backend.

@@ -1,0 +1,247 @@
+//! The measurements of `fucina bench`, generic over the backend: read bandwidth, prefill,
+//! time to first token, batch-1 decode at several depths, memory.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use super::roofline::{decode_bytes, roofline, Roofline};
+use crate::backend::Backend;
+use crate::model::registry::{load_model, LoadOptions};
+use crate::model::{CausalLm, Logits, Session};
+use crate::weights::Checkpoint;
+
+/// Device facts the generic runner cannot get through `Backend`.
+pub trait Probe {
+    /// Read bandwidth in GB/s, measured over at least `bytes` bytes.
+    fn read_bandwidth(&self, bytes: usize) -> Result<f64>;
+    /// Device memory now: (pool peak bytes, pool persistent bytes, driver used bytes).
+    fn memory(&self) -> Option<(u64, u64, u64)>;
+    /// Bytes per cached K or V element.
+    fn kv_elem_bytes(&self) -> f64;
+}
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub prompt_lens: Vec<usize>,
+    pub decode_tokens: usize,
+    pub depths: Vec<usize>,
+    pub bw_bytes: usize,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Prefill {
+    pub tokens: usize,
+    pub seconds: f64,
+    pub tok_s: f64,
+    /// Prefill plus picking the first token on the host.
+    pub ttft_ms: f64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Decode {
+    pub depth: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+    pub tok_s: f64,
+    pub roofline: Roofline,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub model: String,
+    pub arch: String,
+    pub backend: String,
+    pub file_bytes: u64,
+    pub tensor_bytes: u64,
+    /// Bytes the backend holds persistently after loading (weights), where it can tell.
+    pub resident_weight_bytes: Option<u64>,
+    pub load_seconds: f64,
+    pub bandwidth_gbs: f64,
+    pub weight_bytes_per_token: u64,
+    pub prefill: Vec<Prefill>,
+    pub decode: Vec<Decode>,
+    pub pool_peak_bytes: Option<u64>,
+    pub driver_used_bytes: Option<u64>,
+}
+
+fn ids(n: usize, vocab: usize, rng: &mut super::synth::Rng) -> Vec<u32> {
+    (0..n)
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
+        .collect()
+}
+
+fn argmax(l: &Logits) -> u32 {
+    let r = l.last();
+    let mut best = 0;
+    for (i, &v) in r.iter().enumerate() {
+        if v > r[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Prefill `n` tokens in one forward (the logits of the last come back to the host, which
+/// synchronises the device).
+fn prefill(s: &mut Box<dyn Session>, toks: &[u32]) -> Result<(f64, f64)> {
+    let t0 = Instant::now();
+    let l = s.forward(toks, false)?;
+    let t1 = t0.elapsed().as_secs_f64();
+    let _ = argmax(&l);
+    Ok((t1, t0.elapsed().as_secs_f64()))
+}
+
+/// Run the plan on `backend`.
+pub fn run<B: Backend>(
+    path: &std::path::Path,
+    backend: Arc<B>,
+    probe: &dyn Probe,
+    plan: &Plan,
+    log: &mut dyn FnMut(&str),
+) -> Result<Report> {
+    let file_bytes = std::fs::metadata(path)?.len();
+    let ckpt = Checkpoint::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let g = ckpt
+        .gguf()
+        .context("fucina bench reads GGUF files (the roofline counts GGUF tensors)")?;
+    let db = decode_bytes(g);
+    log(&format!(
+        "measuring read bandwidth over {} MiB",
+        plan.bw_bytes >> 20
+    ));
+    let bw = probe.read_bandwidth(plan.bw_bytes)?;
+    log(&format!("read bandwidth {bw:.1} GB/s"));
+    let persistent0 = probe.memory().map(|m| m.1);
+    let need = plan
+        .prompt_lens
+        .iter()
+        .copied()
+        .chain(plan.depths.iter().map(|d| d + plan.decode_tokens))
+        .max()
+        .unwrap_or(1)
+        + 16;
+    let t0 = Instant::now();
+    let model: Arc<dyn CausalLm> =
+        load_model(&ckpt, backend.clone(), &LoadOptions { max_context: need })?;
+    let load_seconds = t0.elapsed().as_secs_f64();
+    let resident = match (probe.memory(), persistent0) {
+        (Some(m), Some(p0)) => Some(m.1.saturating_sub(p0)),
+        _ => None,
+    };
+    let info = model.info().clone();
+    log(&format!(
+        "loaded {} in {load_seconds:.1}s (vocab {}, context {})",
+        info.arch, info.vocab_size, info.max_context
+    ));
+    if info.max_context < need {
+        anyhow::bail!(
+            "the model's context ({}) is shorter than the plan needs ({need})",
+            info.max_context
+        );
+    }
+    let mut rng = super::synth::Rng::new(plan.seed);
+    // warm-up: kernels loaded, pools filled
+    {
+        let mut s = model.clone().new_session();
+        let l = s.forward(&ids(16, info.vocab_size, &mut rng), false)?;
+        let mut t = argmax(&l);
+        for _ in 0..4 {
+            t = argmax(&s.forward(&[t], false)?);
+        }
+    }
+    let mut pre = Vec::new();
+    for &n in &plan.prompt_lens {
+        let mut s = model.clone().new_session();
+        let toks = ids(n, info.vocab_size, &mut rng);
+        let (sec, ttft) = prefill(&mut s, &toks)?;
+        log(&format!("prefill {n}: {:.1} tok/s", n as f64 / sec));
+        pre.push(Prefill {
+            tokens: n,
+            seconds: sec,
+            tok_s: n as f64 / sec,
+            ttft_ms: ttft * 1e3,
+        });
+    }
+    let mut dec = Vec::new();
+    for &d in &plan.depths {
+        let mut s = model.clone().new_session();
+        let mut t = if d > 0 {
+            let l = s.forward(&ids(d, info.vocab_size, &mut rng), false)?;
+            argmax(&l)
+        } else {
+            (rng.next_u64() % info.vocab_size as u64) as u32
+        };
+        let t0 = Instant::now();
+        for _ in 0..plan.decode_tokens {
+            t = argmax(&s.forward(&[t], false)?);
+        }
+        let sec = t0.elapsed().as_secs_f64();
+        let tok_s = plan.decode_tokens as f64 / sec;
+        let mid = d + plan.decode_tokens / 2;
+        let rl = roofline(db.per_token(mid, probe.kv_elem_bytes()), bw, tok_s);
+        log(&format!(
+            "decode at depth {d}: {tok_s:.1} tok/s ({:.1}% of the read roofline)",
+            rl.percent
+        ));
+        dec.push(Decode {
+            depth: d,
+            tokens: plan.decode_tokens,
+            seconds: sec,
+            tok_s,
+            roofline: rl,
+        });
+    }
+    let mem = probe.memory();
+    Ok(Report {
+        model: path.display().to_string(),
+        arch: info.arch,
+        backend: backend.name().to_string(),
+        file_bytes,
+        tensor_bytes: db.all_tensors,
+        resident_weight_bytes: resident,
+        load_seconds,
+        bandwidth_gbs: bw,
+        weight_bytes_per_token: db.weights,
+        prefill: pre,
+        decode: dec,
+        pool_peak_bytes: mem.map(|m| m.0),
+        driver_used_bytes: mem.map(|m| m.2),
+    })
+}
+
+/// The CPU's probe: a memory-read loop over a buffer, no device memory.
+pub struct CpuProbe;
+
+impl Probe for CpuProbe {
+    fn read_bandwidth(&self, bytes: usize) -> Result<f64> {
+        let n = (bytes / 8).max(1 << 16);
+        let buf: Vec<u64> = (0..n as u64).map(|i| i.wrapping_mul(0x9e37_79b9)).collect();
+        let mut best = f64::INFINITY;
+        let mut sink = 0u64;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            // four independent accumulators so the loop is bound by loads, not the add chain
+            let mut a = [0u64; 4];
+            for c in buf.chunks_exact(4) {
+                a[0] ^= c[0];
+                a[1] ^= c[1];
+                a[2] ^= c[2];
+                a[3] ^= c[3];
+            }
+            sink ^= std::hint::black_box(a[0] ^ a[1] ^ a[2] ^ a[3]);
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        std::hint::black_box(sink);
+        Ok((n * 8) as f64 / best / 1e9)
+    }
+    fn memory(&self) -> Option<(u64, u64, u64)> {
+        None
+    }
+    fn kv_elem_bytes(&self) -> f64 {
+        4.0
+    }
+}

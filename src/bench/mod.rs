@@ -1,0 +1,233 @@
+//! `fucina bench`: prefill, time to first token, batch-1 decode at several depths, memory, and
+//! decode against the read roofline, on a GGUF or on a random-weight GGUF written at a real
+//! model's shape (`--synth NAME --quant Q`).
+
+pub mod cuda;
+pub mod gguf_write;
+pub mod measure;
+pub mod presets;
+pub mod roofline;
+pub mod synth;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::KvType;
+use measure::{Plan, Report};
+
+/// Arguments of `fucina bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// GGUF file to measure.
+    #[arg(long, short = 'm', conflicts_with = "synth")]
+    pub model: Option<PathBuf>,
+    /// Write (or reuse) a random-weight GGUF at this shape: qwen3-8b, qwen3-30b-a3b,
+    /// gemma4-12b (tiny-qwen3, tiny-qwen3moe, tiny-gemma4 for quick runs).
+    #[arg(long)]
+    pub synth: Option<String>,
+    /// Weight format of the synthesised file: q4_0, q4_k_m, q8_0.
+    #[arg(long, default_value = "q4_0")]
+    pub quant: String,
+    /// Where the synthesised file goes (reused when present); default `NAME-QUANT.gguf`.
+    #[arg(long = "synth-out")]
+    pub synth_out: Option<PathBuf>,
+    /// GGUF whose tokenizer.* keys the synthesised file copies (default: Gemma presets take the
+    /// Gemma 3 270M file, fetched if absent; Qwen presets make up a byte-level vocabulary).
+    #[arg(long)]
+    pub vocab: Option<PathBuf>,
+    /// Override the preset's layer count (quick runs; Gemma 4 keeps its last layer global).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Only write the synthesised file, measure nothing.
+    #[arg(long = "synth-only")]
+    pub synth_only: bool,
+    /// Seed of the random weights and token ids.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, value_enum, default_value = "cuda")]
+    pub device: crate::cli::args::Device,
+    #[arg(long = "cuda-device", default_value_t = 0)]
+    pub cuda_device: usize,
+    /// KV cache type on CUDA: fp8 or f16.
+    #[arg(long = "kv-type", default_value = "fp8")]
+    pub kv_type: String,
+    /// Prompt lengths to prefill.
+    #[arg(
+        long = "prompt-lens",
+        value_delimiter = ',',
+        default_value = "512,4096"
+    )]
+    pub prompt_lens: Vec<usize>,
+    /// Tokens decoded per depth.
+    #[arg(long = "decode-tokens", default_value_t = 128)]
+    pub decode_tokens: usize,
+    /// Cache depths at which decode is timed.
+    #[arg(long, value_delimiter = ',', default_value = "0,4096")]
+    pub depths: Vec<usize>,
+    /// Bytes read by the bandwidth probe (CUDA reads at least 1 GiB).
+    #[arg(long = "bw-bytes", default_value_t = 1 << 30)]
+    pub bw_bytes: usize,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// The file to measure: `--model`, or the synthesised one (written unless present).
+pub fn model_path(a: &BenchArgs, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    if let Some(m) = &a.model {
+        return Ok(m.clone());
+    }
+    let Some(name) = &a.synth else {
+        bail!("fucina bench: give --model FILE.gguf or --synth NAME --quant Q");
+    };
+    let mut p = presets::find(name)
+        .with_context(|| {
+            format!(
+                "--synth {name}: unknown shape (known: {})",
+                presets::names().join(", ")
+            )
+        })?
+        .clone();
+    if let Some(l) = a.layers {
+        if l == 0 {
+            bail!("--layers must be at least 1");
+        }
+        p.n_layer = l;
+    }
+    let p = &p;
+    let q = synth::FileQuant::parse(&a.quant)
+        .with_context(|| format!("--quant {}: expected q4_0, q4_k_m or q8_0", a.quant))?;
+    let out = a.synth_out.clone().unwrap_or_else(|| match a.layers {
+        Some(l) => PathBuf::from(format!("{name}-L{l}-{}.gguf", q.name())),
+        None => PathBuf::from(format!("{name}-{}.gguf", q.name())),
+    });
+    if out.exists() {
+        log(&format!("reusing {}", out.display()));
+        return Ok(out);
+    }
+    let donor = match (&a.vocab, p.family) {
+        (Some(v), _) => Some(v.clone()),
+        (None, presets::Family::Gemma4) if p.n_vocab.is_some() => Some(
+            crate::assets::default_model_path()
+                .context("fetching the Gemma 3 270M file whose tokenizer the Gemma shapes copy")?,
+        ),
+        _ => None,
+    };
+    log(&format!(
+        "writing {} ({} {})",
+        out.display(),
+        p.key,
+        q.name()
+    ));
+    let w = synth::write(p, q, donor.as_deref(), &out, a.seed)?;
+    log(&format!(
+        "wrote {} tensors, {:.2} GB in {:.1}s ({:.2} GB/s), vocab {}",
+        w.tensors,
+        w.bytes as f64 / 1e9,
+        w.seconds,
+        w.bytes as f64 / 1e9 / w.seconds.max(1e-9),
+        w.n_vocab
+    ));
+    Ok(out)
+}
+
+/// `fucina bench`.
+pub fn run(a: &BenchArgs) -> Result<Option<Report>> {
+    let mut log = |s: &str| eprintln!("bench: {s}");
+    let path = model_path(a, &mut log)?;
+    if a.synth_only {
+        return Ok(None);
+    }
+    let plan = Plan {
+        prompt_lens: a.prompt_lens.clone(),
+        decode_tokens: a.decode_tokens.max(1),
+        depths: a.depths.clone(),
+        bw_bytes: a.bw_bytes,
+        seed: a.seed,
+    };
+    let report = match a.device {
+        crate::cli::args::Device::Cpu => measure::run(
+            &path,
+            Arc::new(CpuBackend::new()),
+            &measure::CpuProbe,
+            &plan,
+            &mut log,
+        )?,
+        crate::cli::args::Device::Cuda => {
+            let kv = match a.kv_type.as_str() {
+                "fp8" | "fp8_e4m3" => KvType::Fp8E4m3,
+                "f16" => KvType::F16,
+                other => bail!("--kv-type {other}: expected fp8 or f16"),
+            };
+            if !crate::backend::cuda::cuda_available() {
+                bail!("--device cuda: no CUDA driver or GPU found");
+            }
+            cuda::run(&path, a.cuda_device, kv, &plan, &mut log)?
+        }
+    };
+    println!("{}", table(&report));
+    if let Some(j) = &a.json {
+        std::fs::write(j, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", j.display()))?;
+    }
+    Ok(Some(report))
+}
+
+fn gb(b: u64) -> String {
+    format!("{:.3} GB", b as f64 / 1e9)
+}
+
+/// The report as a text table.
+pub fn table(r: &Report) -> String {
+    let mut s = format!(
+        "model {} ({}, {}): file {}, tensors {}, resident weights {}, load {:.1}s\n\
+         read bandwidth {:.1} GB/s; weight bytes per decode token {}\n",
+        r.model,
+        r.arch,
+        r.backend,
+        gb(r.file_bytes),
+        gb(r.tensor_bytes),
+        r.resident_weight_bytes.map_or("-".into(), |b| format!(
+            "{} ({:+.2}% of the file)",
+            gb(b),
+            100.0 * (b as f64 / r.file_bytes as f64 - 1.0)
+        )),
+        r.load_seconds,
+        r.bandwidth_gbs,
+        gb(r.weight_bytes_per_token),
+    );
+    s.push_str("| test | tokens | tok/s | TTFT ms | bytes/token | roofline tok/s | % roofline |\n");
+    s.push_str("|---|---|---|---|---|---|---|\n");
+    for p in &r.prefill {
+        s.push_str(&format!(
+            "| prefill pp{} | {} | {:.1} | {:.1} | | | |\n",
+            p.tokens, p.tokens, p.tok_s, p.ttft_ms
+        ));
+    }
+    for d in &r.decode {
+        s.push_str(&format!(
+            "| decode tg{} @ depth {} | {} | {:.1} | | {} | {:.1} | {:.1}% |\n",
+            d.tokens,
+            d.depth,
+            d.tokens,
+            d.tok_s,
+            gb(d.roofline.bytes_per_token),
+            d.roofline.roofline_tok_s,
+            d.roofline.percent
+        ));
+    }
+    if let (Some(p), Some(u)) = (r.pool_peak_bytes, r.driver_used_bytes) {
+        s.push_str(&format!(
+            "peak GPU memory: pool {} ; driver used {}\n",
+            gb(p),
+            gb(u)
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests;
