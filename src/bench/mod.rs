@@ -47,7 +47,8 @@ pub struct BenchArgs {
     /// Seed of the random weights and token ids.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    #[arg(long, value_enum, default_value = "cuda")]
+    /// auto: the GPU when a CUDA driver is present, else the CPU.
+    #[arg(long, value_enum, default_value = "auto")]
     pub device: crate::cli::args::Device,
     #[arg(long = "cuda-device", default_value_t = 0)]
     pub cuda_device: usize,
@@ -148,15 +149,24 @@ pub fn run(a: &BenchArgs) -> Result<Option<Report>> {
         bw_bytes: a.bw_bytes,
         seed: a.seed,
     };
-    let report = match a.device {
-        crate::cli::args::Device::Cpu => measure::run(
+    use crate::cli::args::Device;
+    let device = match a.device {
+        Device::Auto if crate::backend::cuda::cuda_available() => Device::Cuda,
+        Device::Auto => {
+            log("no CUDA driver found: benchmarking the CPU backend");
+            Device::Cpu
+        }
+        d => d,
+    };
+    let report = match device {
+        Device::Auto | Device::Cpu => measure::run(
             &path,
             Arc::new(CpuBackend::new()),
             &measure::CpuProbe,
             &plan,
             &mut log,
         )?,
-        crate::cli::args::Device::Cuda => {
+        Device::Cuda => {
             let kv = match a.kv_type.as_str() {
                 "fp8" | "fp8_e4m3" => KvType::Fp8E4m3,
                 "f16" => KvType::F16,
