@@ -125,8 +125,14 @@ pub fn run<B: Backend>(
         .unwrap_or(1)
         + 16;
     let t0 = Instant::now();
-    let model: Arc<dyn CausalLm> =
-        load_model(&ckpt, backend.clone(), &LoadOptions { max_context: need, ..Default::default() })?;
+    let model: Arc<dyn CausalLm> = load_model(
+        &ckpt,
+        backend.clone(),
+        &LoadOptions {
+            max_context: need,
+            ..Default::default()
+        },
+    )?;
     let load_seconds = t0.elapsed().as_secs_f64();
     let resident = match (probe.memory(), persistent0) {
         (Some(m), Some(p0)) => Some(m.1.saturating_sub(p0)),

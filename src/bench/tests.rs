@@ -111,7 +111,10 @@ fn tiny_shapes_load_and_run_on_the_cpu() {
             let m = load_model(
                 &ckpt,
                 Arc::new(CpuBackend::new()),
-                &LoadOptions { max_context: 64, ..Default::default() },
+                &LoadOptions {
+                    max_context: 64,
+                    ..Default::default()
+                },
             )
             .unwrap_or_else(|e| panic!("{key} {}: {e}", q.name()));
             assert_eq!(m.info().vocab_size, 512);

@@ -121,8 +121,15 @@ fn top2_gap(x: &[f32]) -> f64 {
 
 fn load<B: Backend>(path: &Path, b: Arc<B>, ctx: usize) -> Result<Arc<dyn CausalLm>, String> {
     let ckpt = Checkpoint::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    load_model(&ckpt, b, &LoadOptions { max_context: ctx, ..Default::default() })
-        .map_err(|e| format!("{}: {e}", path.display()))
+    load_model(
+        &ckpt,
+        b,
+        &LoadOptions {
+            max_context: ctx,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Prefill `prompt` on both models, then decode greedily `steps` tokens on each (each feeding

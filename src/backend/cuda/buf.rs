@@ -208,7 +208,11 @@ impl Pool {
         let reused = {
             let mut g = self.lock();
             graph = g.capturing;
-            let list = if graph { &mut g.graph_free } else { &mut g.free };
+            let list = if graph {
+                &mut g.graph_free
+            } else {
+                &mut g.free
+            };
             let p = list.get_mut(&class).and_then(|v| v.pop());
             if p.is_some() {
                 g.stats.cached -= class;
@@ -302,7 +306,11 @@ impl Pool {
         if pooled {
             g.stats.in_use -= class;
             g.stats.cached += class;
-            let list = if graph { &mut g.graph_free } else { &mut g.free };
+            let list = if graph {
+                &mut g.graph_free
+            } else {
+                &mut g.free
+            };
             list.entry(class).or_default().push(ptr);
         } else {
             g.stats.persistent -= class;
@@ -336,7 +344,8 @@ impl std::fmt::Debug for DevBuf {
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
-        self.pool.release(self.class, self.ptr, self.pooled, self.graph);
+        self.pool
+            .release(self.class, self.ptr, self.pooled, self.graph);
     }
 }
 

@@ -13,6 +13,8 @@
 
 use std::sync::Arc;
 
+use crate::model::common::replay::StepReplay;
+
 use super::layers::{GemmaWeights, Layer};
 use super::spec::{GemmaSpec, NormForm};
 use super::weights::me;
@@ -83,6 +85,7 @@ impl<B: Backend> GemmaModel<B> {
             caches,
             len: 0,
             hidden: None,
+            graph: StepReplay::default(),
         })
     }
 
@@ -332,6 +335,8 @@ pub struct GemmaSession<B: Backend> {
     len: usize,
     /// Final-normed hidden state of the last position (what the Gemma 4 MTP head reads).
     hidden: Option<B::Tensor>,
+    /// Decode-step replay (CUDA graph).
+    graph: StepReplay<B>,
 }
 
 impl<B: Backend> GemmaSession<B> {
@@ -342,13 +347,11 @@ impl<B: Backend> GemmaSession<B> {
 }
 
 impl<B: Backend> GemmaSession<B> {
-    /// Checks, the layers over `tokens`, then `finish` on the final hidden states and their last
-    /// row; a failure drops whatever the step wrote, so the session stays usable.
-    fn step<T>(
-        &mut self,
-        tokens: &[u32],
-        finish: impl FnOnce(&GemmaModel<B>, &B::Tensor, &B::Tensor) -> Result<T, ModelError>,
-    ) -> Result<T, ModelError> {
+    /// Checks, then the layers over `tokens`: returns the logits tensor (every row when `all`,
+    /// else the last) and keeps the last row's hidden state. A one-token step is recorded once and
+    /// then replayed (`StepReplay`). A failure drops whatever the step wrote, so the session
+    /// stays usable.
+    fn pass(&mut self, tokens: &[u32], all: bool) -> Result<B::Tensor, ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::Empty);
         }
@@ -367,17 +370,28 @@ impl<B: Backend> GemmaSession<B> {
                 max: m.spec.max_context,
             });
         }
-        let run = |s: &mut Self| -> Result<(T, B::Tensor), ModelError> {
-            let h = m.hidden_states(tokens, s.len, &mut s.caches)?;
+        let pos0 = self.len;
+        let caches = &mut self.caches;
+        let mut run = || -> Result<Vec<B::Tensor>, ModelError> {
+            let h = m.hidden_states(tokens, pos0, caches)?;
             let last = m.last_row(&h)?;
-            Ok((finish(m, &h, &last)?, last))
+            let logits = m.logits_tensor(if all { &h } else { &last })?;
+            Ok(vec![logits, last])
         };
-        match run(self) {
-            Ok((out, last)) => {
+        let r = if tokens.len() == 1 && !all {
+            self.graph.step_many(&*m.backend, tokens, pos0, run)
+        } else {
+            run()
+        };
+        match r {
+            Ok(mut v) if v.len() == 2 => {
+                let last = v.pop().expect("two outputs");
+                let logits = v.pop().expect("two outputs");
                 self.hidden = Some(last);
                 self.len = end;
-                Ok(out)
+                Ok(logits)
             }
+            Ok(_) => Err(ModelError::Other("forward pass lost its outputs".into())),
             Err(e) => {
                 let keep = self.len;
                 for c in self.caches.iter_mut().flatten() {
@@ -391,16 +405,14 @@ impl<B: Backend> GemmaSession<B> {
 
 impl<B: Backend> Session for GemmaSession<B> {
     fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Logits, ModelError> {
-        self.step(
-            tokens,
-            |m, h, last| {
-                if all {
-                    m.logits(h)
-                } else {
-                    m.logits(last)
-                }
-            },
-        )
+        let l = self.pass(tokens, all)?;
+        let be = &*self.model.backend;
+        let (rows, vocab) = be.dims(&l);
+        Ok(Logits {
+            rows,
+            vocab,
+            data: be.to_host(&l).map_err(me)?,
+        })
     }
 
     fn sampler(
@@ -424,9 +436,10 @@ impl<B: Backend> Session for GemmaSession<B> {
         banned: &[u32],
     ) -> Result<u32, ModelError> {
         match sampler.as_any_mut().downcast_mut::<BackendSampler<B>>() {
-            Some(s) => self.step(tokens, |m, _, last| {
-                s.sample(m.logits_tensor(last)?, banned)
-            }),
+            Some(s) => {
+                let l = self.pass(tokens, false)?;
+                s.sample(l, banned)
+            }
             None => host_forward_sample(self, tokens, sampler, banned),
         }
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::backend::{Activation, AttnParams, Backend, KvShape, MoeParams, Rope};
 use crate::bk;
 use crate::engine::SamplingParams;
+use crate::model::common::replay::StepReplay;
 use crate::model::common::source::BankSource;
 use crate::model::common::{
     expert_bank, AttentionLayer, Dense, GateUp, MoeBlock, NormW, Qkv, WeightSource,
@@ -355,6 +356,8 @@ pub struct QwenSession<B: Backend> {
     len: usize,
     /// Set when a forward failed half-way; only `rewind(0)` recovers.
     broken: bool,
+    /// Decode-step replay (CUDA graph) and the logits tensor it writes.
+    graph: StepReplay<B>,
 }
 
 impl<B: Backend> CausalLm for QwenModel<B> {
@@ -367,13 +370,28 @@ impl<B: Backend> CausalLm for QwenModel<B> {
             states: None,
             len: 0,
             broken: false,
+            graph: StepReplay::default(),
         })
     }
 }
 
 impl<B: Backend> QwenSession<B> {
-    /// The forward pass; returns the logits tensor (last row, or every row when `all`).
+    /// The forward pass; returns the logits tensor (last row, or every row when `all`). A
+    /// one-token step is recorded once and then replayed (see `StepReplay`).
     fn run(&mut self, tokens: &[u32], all: bool) -> R<B::Tensor> {
+        let model = Arc::clone(&self.model);
+        let be = &*model.be;
+        if tokens.len() != 1 || all || self.states.is_none() {
+            return self.run_ops(tokens, all);
+        }
+        let pos0 = self.len;
+        let mut graph = std::mem::take(&mut self.graph);
+        let r = graph.step(be, tokens, pos0, || self.run_ops(tokens, false));
+        self.graph = graph;
+        r
+    }
+
+    fn run_ops(&mut self, tokens: &[u32], all: bool) -> R<B::Tensor> {
         let m = &*self.model;
         let be = &*m.be;
         if self.states.is_none() {
@@ -494,6 +512,8 @@ impl<B: Backend> Session for QwenSession<B> {
 
     fn rewind(&mut self, n: usize) -> R<()> {
         if n == 0 {
+            // the recorded step points at the caches dropped here
+            self.graph = StepReplay::default();
             self.states = None;
             self.len = 0;
             self.broken = false;

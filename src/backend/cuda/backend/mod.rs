@@ -21,10 +21,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::buf::{read_ptr, DevBuf, Pool, PoolStats};
 use super::error::CudaError;
 use super::graph::StepGraph;
-use crate::backend::cuda::CudaSamplerState;
 use super::launch_ptr::Kern;
 use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
 use super::CudaDevice;
+use crate::backend::cuda::CudaSamplerState;
 use crate::backend::{
     Activation, AttnParams, Backend, BackendError, KvShape, MoeParams, Norm, RecordedStep, Result,
     Rope,
@@ -153,7 +153,12 @@ impl Backend for CudaBackend {
         self.sampler_accept_impl(state, id)
     }
 
-    fn sample(&self, logits: GpuTensor, state: &mut CudaSamplerState, banned: &[u32]) -> Result<u32> {
+    fn sample(
+        &self,
+        logits: GpuTensor,
+        state: &mut CudaSamplerState,
+        banned: &[u32],
+    ) -> Result<u32> {
         self.sample_impl(logits, state, banned)
     }
 
