@@ -158,6 +158,14 @@ pub fn run<B: Backend>(
         for _ in 0..4 {
             t = argmax(&s.forward(&[t], false)?);
         }
+        let greedy = crate::engine::SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        let mut sampler = s.sampler(&greedy, &[], info.vocab_size)?;
+        for _ in 0..4 {
+            t = s.forward_sample(&[t], sampler.as_mut(), &[])?;
+        }
     }
     let mut pre = Vec::new();
     for &n in &plan.prompt_lens {
@@ -181,9 +189,19 @@ pub fn run<B: Backend>(
         } else {
             (rng.next_u64() % info.vocab_size as u64) as u32
         };
+        // greedy on the backend, as the engine decodes: only the token id comes back
+        let greedy = crate::engine::SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        };
+        let mut sampler = s.sampler(&greedy, &[], info.vocab_size)?;
+        // untimed: the first one-token step runs directly, the second is recorded (CUDA graph)
+        for _ in 0..2 {
+            t = s.forward_sample(&[t], sampler.as_mut(), &[])?;
+        }
         let t0 = Instant::now();
         for _ in 0..plan.decode_tokens {
-            t = argmax(&s.forward(&[t], false)?);
+            t = s.forward_sample(&[t], sampler.as_mut(), &[])?;
         }
         let sec = t0.elapsed().as_secs_f64();
         let tok_s = plan.decode_tokens as f64 / sec;
