@@ -293,6 +293,18 @@ fn elementwise_cases(cx: &mut Ctx) {
     cx.case("glu gelu_tanh".into(), 1e-4, |cx| {
         bin(cx, &a, &b, (n, c), (n, c), 4)
     });
+    for (label, act) in [
+        ("silu", Activation::Silu),
+        ("gelu_tanh", Activation::GeluTanh),
+    ] {
+        cx.case(format!("glu_fused {label} (gate|up halves)"), 1e-4, |cx| {
+            let (g, h) = cx.t2(&a, n, c)?;
+            Ok((
+                host(&cx.gpu, &cx.gpu.glu_fused(&g, act)?)?,
+                cx.cpu.glu_fused(&h, act)?.data,
+            ))
+        });
+    }
     cx.case("scale".into(), 0.0, |cx| {
         let (g, h) = cx.t2(&a, n, c)?;
         Ok((

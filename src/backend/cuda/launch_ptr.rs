@@ -258,10 +258,31 @@ impl CudaDevice {
         rows: usize,
         cols: usize,
     ) -> Result<(), CudaError> {
+        self.glu_strided_ptr(k, gate, up, out, rows, cols, [cols; 3])
+    }
+
+    /// GLU with row strides `[gate, up, out]` in elements (gate and up may be the two halves
+    /// of one fused `[rows, 2 cols]` projection).
+    #[allow(clippy::too_many_arguments)]
+    pub fn glu_strided_ptr(
+        &self,
+        k: &Kern,
+        gate: DevPtr<f32>,
+        up: DevPtr<f32>,
+        out: DevPtr<f32>,
+        rows: usize,
+        cols: usize,
+        strides: [usize; 3],
+    ) -> Result<(), CudaError> {
         const OP: &str = "glu";
         expect(k, &[Op::Geglu, Op::Swiglu], OP)?;
         let n = rows * cols;
-        if gate.len() < n || up.len() < n || out.len() < n {
+        let span = |st: usize| if rows == 0 { 0 } else { (rows - 1) * st + cols };
+        if strides.iter().any(|&st| st < cols)
+            || gate.len() < span(strides[0])
+            || up.len() < span(strides[1])
+            || out.len() < span(strides[2])
+        {
             return Err(invalid(OP, format!("buffers too small for {rows}x{cols}")));
         }
         if n == 0 {
@@ -275,10 +296,10 @@ impl CudaDevice {
         };
         let (gp, upp, op) = (gate.raw(), up.raw(), out.raw());
         let (r, c) = (int(OP, "rows", rows)?, int(OP, "cols", cols)?);
-        let s = cols as i64;
+        let [sg, su, so] = strides.map(|v| v as i64);
         // (const float* gate, const float* up, float* out, int rows, int cols,
         //  long long gate_stride, long long up_stride, long long out_stride)
-        self.go(k, cfg, &[&gp, &upp, &op, &r, &c, &s, &s, &s])
+        self.go(k, cfg, &[&gp, &upp, &op, &r, &c, &sg, &su, &so])
     }
 
     /// `y = f(a, b)` over `rows x cols` (see [`EwiseMode`]); `b` is required by the binary modes.

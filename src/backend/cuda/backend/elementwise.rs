@@ -134,6 +134,30 @@ impl CudaBackend {
         Ok(y)
     }
 
+    /// act(x[:, ..ff]) * x[:, ff..] straight from the fused projection (no copies).
+    pub(super) fn glu_fused_impl(&self, x: &GpuTensor, act: Activation) -> Result<GpuTensor> {
+        if x.cols % 2 != 0 {
+            return Err(shape(
+                "glu_fused",
+                format!("{} columns is not gate|up halves", x.cols),
+            ));
+        }
+        let ff = x.cols / 2;
+        let op = match act {
+            Activation::GeluTanh => Op::Geglu,
+            Activation::Silu => Op::Swiglu,
+        };
+        let k = self.kern(op, Quant::F32, BatchBucket::Any)?;
+        let y = self.alloc_tensor(x.rows, ff)?;
+        let all = x.ptr();
+        let up = all
+            .slice(ff, all.len() - ff)
+            .ok_or_else(|| shape("glu_fused", "empty input".into()))?;
+        self.dev
+            .glu_strided_ptr(&k, all, up, y.ptr(), x.rows, ff, [x.cols, x.cols, ff])?;
+        Ok(y)
+    }
+
     pub(super) fn slice_cols_impl(
         &self,
         x: &GpuTensor,

@@ -264,6 +264,10 @@ impl Backend for CudaBackend {
         self.scale_impl(a, s)
     }
 
+    fn glu_fused(&self, x: &GpuTensor, act: Activation) -> Result<GpuTensor> {
+        self.glu_fused_impl(x, act)
+    }
+
     fn glu(&self, gate: &GpuTensor, up: &GpuTensor, act: Activation) -> Result<GpuTensor> {
         self.glu_impl(gate, up, act)
     }
