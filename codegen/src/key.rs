@@ -119,6 +119,8 @@ key_enum! {
     /// Compile-time head dimension; `Any` when the kernel takes it at run time.
     "head_dim", pub enum HeadDim {
         Any => "any",
+        D16 => "16",
+        D32 => "32",
         D64 => "64",
         D128 => "128",
         D256 => "256",
@@ -157,6 +159,8 @@ impl HeadDim {
     pub const fn value(self) -> Option<u32> {
         match self {
             HeadDim::Any => None,
+            HeadDim::D16 => Some(16),
+            HeadDim::D32 => Some(32),
             HeadDim::D64 => Some(64),
             HeadDim::D128 => Some(128),
             HeadDim::D256 => Some(256),

@@ -120,7 +120,9 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
         Op::AttnDecode => {
             quant_in(key, &[Quant::Fp8E4m3, Quant::F16, Quant::Bf16, Quant::F32])?;
             if key.head_dim == HeadDim::Any {
-                return Err("attn_decode is specialised per head_dim (64/128/256/512)".into());
+                return Err(
+                    "attn_decode is specialised per head_dim (16/32/64/128/256/512)".into(),
+                );
             }
             Ok(())
         }
@@ -128,7 +130,9 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             quant_in(key, &[Quant::Fp8E4m3, Quant::F16])?;
             any_bs(key)?;
             if key.head_dim == HeadDim::Any {
-                return Err("attn_prefill is specialised per head_dim (64/128/256/512)".into());
+                return Err(
+                    "attn_prefill is specialised per head_dim (16/32/64/128/256/512)".into(),
+                );
             }
             Ok(())
         }

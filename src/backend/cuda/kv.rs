@@ -45,9 +45,11 @@ pub fn kv_quant(t: KvType) -> Quant {
     }
 }
 
-/// The compile-time head dim of the attention kernels (64, 128, 256, 512).
+/// The compile-time head dim of the attention kernels (16, 32, 64, 128, 256, 512).
 pub fn kv_head_dim(d: usize) -> Option<HeadDim> {
     match d {
+        16 => Some(HeadDim::D16),
+        32 => Some(HeadDim::D32),
         64 => Some(HeadDim::D64),
         128 => Some(HeadDim::D128),
         256 => Some(HeadDim::D256),
@@ -72,7 +74,9 @@ pub fn check_kv_shape(shape: &KvShape) -> Result<(), CudaError> {
     if shape.n_kv_heads == 0 || shape.capacity == 0 || kv_head_dim(shape.head_dim).is_none() {
         return Err(bad(
             "kv_cache",
-            format!("{shape:?}: need heads > 0, capacity > 0 and head_dim 64, 128, 256 or 512"),
+            format!(
+                "{shape:?}: need heads > 0, capacity > 0 and head_dim 16, 32, 64, 128, 256 or 512"
+            ),
         ));
     }
     if shape.capacity.div_ceil(KV_PAGE) * KV_PAGE > i32::MAX as usize {
@@ -344,6 +348,12 @@ mod tests {
         assert!(check_kv_shape(&shape(8, 512, 1)).is_ok());
         assert!(check_kv_shape(&shape(0, 128, 4096)).is_err());
         assert!(check_kv_shape(&shape(8, 96, 4096)).is_err());
+        assert!(check_kv_shape(&shape(2, 16, 64)).is_ok());
+        assert!(check_kv_shape(&shape(1, 32, 64)).is_ok());
+        assert!(check_kv_shape(&shape(2, 8, 64)).is_err());
+        assert!(check_kv_shape(&shape(2, 48, 64)).is_err());
+        assert_eq!(kv_head_dim(16), Some(HeadDim::D16));
+        assert_eq!(kv_head_dim(32), Some(HeadDim::D32));
         assert!(check_kv_shape(&shape(8, 128, 0)).is_err());
         assert!(check_kv_shape(&shape(8, 128, usize::MAX / 2)).is_err());
         assert_eq!(kv_quant(KvType::default()), Quant::Fp8E4m3);

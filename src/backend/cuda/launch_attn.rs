@@ -305,7 +305,7 @@ mod tests {
     #[test]
     fn prefill_shared_memory_fits_every_target() {
         // sm_121a (GB10) allows 99 KB of dynamic shared memory per block
-        for d in [64, 128, 256, 512] {
+        for d in [16, 32, 64, 128, 256, 512] {
             for b in [1, 2] {
                 assert!(prefill_smem_bytes(d, b) <= 99 * 1024, "d={d} kvb={b}");
             }

@@ -1,5 +1,5 @@
 //! Decode attention over a paged FP8 E4M3 or F16 KV cache vs `ops::attention_ref` on the
-//! dequantised cache: GQA groups 1..16, pages handed out in shuffled order, several sequences of
+//! dequantised cache at head dims 16..512: GQA groups 1..16, pages handed out in shuffled order, several sequences of
 //! different lengths (one of length 1), sliding windows, softcap, one and many splits (most of
 //! them empty in one case). The kernel reads query positions (length - 1) from device memory.
 
@@ -32,6 +32,17 @@ fn cases(d: usize) -> Vec<Case> {
         splits,
     };
     let mut v = match d {
+        // the golden models' shapes: 4 query heads over 2 KV heads (window 4) or over 1 (global)
+        16 => vec![
+            c(4, 2, &[37, 1], 4, 0.0, 2),
+            c(8, 2, &[300], 0, 30.0, 4),
+            c(16, 1, &[130, 64], 0, 0.0, 3),
+        ],
+        32 => vec![
+            c(4, 1, &[70, 3], 0, 0.0, 2),
+            c(4, 2, &[129], 4, 0.0, 1),
+            c(16, 4, &[500], 200, 20.0, 5),
+        ],
         64 => vec![c(8, 2, &[900, 5], 0, 0.0, 8), c(4, 1, &[200], 100, 20.0, 3)],
         128 => vec![c(32, 8, &[1000, 37], 0, 0.0, 8), c(4, 4, &[300], 0, 0.0, 1)],
         256 => vec![

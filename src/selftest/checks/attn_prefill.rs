@@ -48,6 +48,11 @@ fn cases(d: usize) -> Vec<Case> {
         c(16, 1, 33, 70, 200, 48, 30.0, 3.0, false),
         c(4, 4, 17, 5, 192, 0, 0.0, 1.0, true),
     ];
+    if d <= 32 {
+        // the golden models' shapes: window 4 (sliding layers), one KV head (Gemma 4 global)
+        v.push(c(4, 2, 21, 3, 64, 4, 0.0, 1.0, true));
+        v.push(c(4, 1, 9, 50, 130, 0, 0.0, 1.0, false));
+    }
     if d <= 256 {
         v.push(c(8, 8, 100, 300, 512, 0, 0.0, 1.5, false));
     }

@@ -38,9 +38,15 @@ impl KernelCheck for KvWriteCheck {
         let mut cmp = Comparison::default();
         let mut micros = 0.0;
         // (hkv, head_dim, capacity, rows)
-        for (ci, &(hkv, d, cap, n)) in [(2, 128, 200, 37), (1, 512, 70, 5), (4, 64, 192, 192)]
-            .iter()
-            .enumerate()
+        for (ci, &(hkv, d, cap, n)) in [
+            (2, 128, 200, 37),
+            (1, 512, 70, 5),
+            (4, 64, 192, 192),
+            (2, 16, 100, 30),
+            (1, 32, 130, 66),
+        ]
+        .iter()
+        .enumerate()
         {
             let layout = KvLayout {
                 hkv,
