@@ -242,6 +242,7 @@ pub fn check_case<T: Backend, R: Backend>(
         let mut vs_ref = Err2::default();
         let mut greedy_note = Vec::new();
         let mut greedy_ok = true;
+        let mut compared = 0usize;
         for (si, seq) in seqs.iter().enumerate() {
             let toks = ids(&seq["tokens"]);
             let Some(want) = seq[key].as_array().or_else(|| seq["logits"].as_array()) else {
@@ -302,6 +303,7 @@ pub fn check_case<T: Backend, R: Backend>(
             // against the reference backend
             match compare_greedy(&mt, &mr, &toks, GREEDY_STEPS) {
                 Ok(c) => {
+                    compared += 1;
                     vs_ref.rel = vs_ref.rel.max(c.err.rel);
                     vs_ref.abs = vs_ref.abs.max(c.err.abs);
                     if let Some((step, gap, _)) = c.gap_at_divergence {
@@ -322,9 +324,16 @@ pub fn check_case<T: Backend, R: Backend>(
             max_rel: hf.rel,
             bound: bounds.vs_hf,
             pass: hf_pass,
-            note,
+            note: note.clone(),
         });
-        let ref_pass = greedy_ok && vs_ref.rel <= bounds.vs_ref;
+        if compared == 0 && greedy_note.is_empty() {
+            greedy_note.push(if note.is_empty() {
+                "no sequence compared".into()
+            } else {
+                format!("not compared: {note}")
+            });
+        }
+        let ref_pass = greedy_ok && compared > 0 && vs_ref.rel <= bounds.vs_ref;
         rows.push(ModelRow {
             name: format!(
                 "{label} vs {} ({GREEDY_STEPS} greedy)",
@@ -433,8 +442,27 @@ pub fn gemma3_270m_path() -> Result<PathBuf, String> {
 
 /// Every model row for `test` against `reference`.
 pub fn check_all<T: Backend, R: Backend>(test: &Arc<T>, reference: &Arc<R>) -> Vec<ModelRow> {
+    check_all_except(test, reference, &[], "")
+}
+
+/// [`check_all`] without the cases whose architecture is in `except` (told on stderr with
+/// `why`).
+pub fn check_all_except<T: Backend, R: Backend>(
+    test: &Arc<T>,
+    reference: &Arc<R>,
+    except: &[&str],
+    why: &str,
+) -> Vec<ModelRow> {
     let root = golden_root();
-    let (cases, skipped) = golden_cases(&root);
+    let (mut cases, skipped) = golden_cases(&root);
+    cases.retain(|(name, _, json)| {
+        let arch = json["arch"].as_str().unwrap_or("");
+        let keep = !except.contains(&arch);
+        if !keep {
+            eprintln!("selftest models: {name} ({arch}) not checked here: {why}");
+        }
+        keep
+    });
     let mut rows = Vec::new();
     if cases.is_empty() {
         rows.push(ModelRow::failed(
@@ -503,7 +531,12 @@ pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
             }
         };
         let part = if kv == KvType::F16 {
-            check_all(&gpu, &cpu)
+            check_all_except(
+                &gpu,
+                &cpu,
+                &["qwen35", "qwen35moe"],
+                "Gated DeltaNet layers do not run on the CUDA backend yet (CPU: tests/golden_models.rs)",
+            )
         } else {
             vec![match gemma3_270m_path() {
                 Ok(p) => check_gemma3_270m(&p, &gpu, &cpu),

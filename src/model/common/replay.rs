@@ -14,6 +14,16 @@ use crate::model::ModelError;
 
 type R<T> = Result<T, ModelError>;
 
+/// Say once per process that a step could not be recorded (then at debug level).
+fn not_recorded(e: &ModelError) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!("decode step could not be recorded ({e}); running its ops directly");
+    } else {
+        tracing::debug!("decode step could not be recorded ({e}); running its ops directly");
+    }
+}
+
 enum State<B: Backend> {
     Cold,
     Warm,
@@ -78,7 +88,7 @@ impl<B: Backend> StepReplay<B> {
             Ok(o) => o,
             Err(e) => {
                 be.record_abort();
-                tracing::warn!("decode step could not be recorded ({e}); running it directly");
+                not_recorded(&e);
                 self.state = State::Off;
                 return run();
             }
@@ -86,7 +96,7 @@ impl<B: Backend> StepReplay<B> {
         let step = match be.record_end() {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!("decode step could not be recorded ({e}); running it directly");
+                not_recorded(&crate::model::common::be_err(e));
                 self.state = State::Off;
                 return run();
             }
