@@ -442,7 +442,19 @@ pub fn gemma3_270m_path() -> Result<PathBuf, String> {
 
 /// Every model row for `test` against `reference`.
 pub fn check_all<T: Backend, R: Backend>(test: &Arc<T>, reference: &Arc<R>) -> Vec<ModelRow> {
-    check_all_except(test, reference, &[], "")
+    let mut rows = check_all_except(test, reference, &[], "");
+    rows.push(gemma3_270m_row(test, reference));
+    rows
+}
+
+fn gemma3_270m_row<T: Backend, R: Backend>(test: &Arc<T>, reference: &Arc<R>) -> ModelRow {
+    match gemma3_270m_path() {
+        Ok(p) => check_gemma3_270m(&p, test, reference),
+        Err(e) => ModelRow::failed(
+            "gemma-3-270m greedy text".into(),
+            format!("no model file: {e}"),
+        ),
+    }
 }
 
 /// [`check_all`] without the cases whose architecture is in `except` (told on stderr with
@@ -476,13 +488,6 @@ pub fn check_all_except<T: Backend, R: Backend>(
     for s in skipped {
         eprintln!("selftest models: {s}: not a stand-alone causal LM, checked by its own test");
     }
-    rows.push(match gemma3_270m_path() {
-        Ok(p) => check_gemma3_270m(&p, test, reference),
-        Err(e) => ModelRow::failed(
-            "gemma-3-270m greedy text".into(),
-            format!("no model file: {e}"),
-        ),
-    });
     rows
 }
 
@@ -514,6 +519,7 @@ pub fn format_rows(rows: &[ModelRow]) -> String {
 pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
     use crate::backend::cuda::{CudaBackend, KvType};
     let cpu = Arc::new(crate::backend::cpu::CpuBackend::new());
+    let cpu_int8 = Arc::new(crate::backend::cpu::CpuBackend::int8());
     let mut rows = Vec::new();
     for kv in [KvType::F16, KvType::Fp8E4m3] {
         let tag = match kv {
@@ -530,7 +536,10 @@ pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
                 continue;
             }
         };
-        let part = if kv == KvType::F16 {
+        // The real Q4_K_M model against the CPU backend with the GPU's GEMV numerics (int8
+        // activations per 32, as llama.cpp): the f32 reference drifts by ~3e-2 relative on
+        // this file and a near-tie then changes the greedy text (measured on the H200).
+        let mut part = if kv == KvType::F16 {
             check_all_except(
                 &gpu,
                 &cpu,
@@ -538,11 +547,9 @@ pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
                 "Gated DeltaNet layers do not run on the CUDA backend yet (CPU: tests/golden_models.rs)",
             )
         } else {
-            vec![match gemma3_270m_path() {
-                Ok(p) => check_gemma3_270m(&p, &gpu, &cpu),
-                Err(e) => ModelRow::failed("gemma-3-270m greedy text".into(), e),
-            }]
+            Vec::new()
         };
+        part.push(gemma3_270m_row(&gpu, &cpu_int8));
         rows.extend(part.into_iter().map(|mut r| {
             r.name = format!("[{tag}] {}", r.name);
             r

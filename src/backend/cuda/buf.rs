@@ -173,6 +173,15 @@ fn size_class(bytes: usize) -> usize {
     }
 }
 
+/// Make the stream's context current on this thread (cudarc's own calls do this; the raw driver
+/// calls here must too: a model loaded on one thread runs on the engine's thread).
+pub(crate) fn bind(stream: &CudaStream) -> Result<(), CudaError> {
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(drv("binding the CUDA context to this thread"))
+}
+
 fn oom(bytes: usize) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError {
     drv(format!("allocating {bytes} bytes of device memory"))
 }
@@ -223,6 +232,7 @@ impl Pool {
         let ptr = match reused {
             Some(p) => p,
             None => {
+                bind(&self.stream)?;
                 // SAFETY: plain allocation; freed by `trim` or never (pooled buffers live as long
                 // as the pool's owner keeps the context).
                 let p = unsafe { result::malloc_sync(class) }.map_err(oom(class))?;
@@ -245,6 +255,7 @@ impl Pool {
     /// A long-lived buffer of exactly `bytes` bytes, freed to the driver on drop.
     pub fn alloc_persistent(self: &Arc<Self>, bytes: usize) -> Result<DevBuf, CudaError> {
         let b = bytes.max(1);
+        bind(&self.stream)?;
         // SAFETY: plain allocation, freed in DevBuf::drop.
         let ptr = unsafe { result::malloc_sync(b) }.map_err(oom(b))?;
         let mut g = self.lock();
@@ -283,6 +294,7 @@ impl Pool {
         self.stream
             .synchronize()
             .map_err(drv("synchronising before trim"))?;
+        bind(&self.stream)?;
         let mut g = self.lock();
         let mut lists: Vec<_> = g.free.drain().collect();
         lists.extend(g.graph_free.drain());
@@ -316,6 +328,7 @@ impl Pool {
             g.stats.persistent -= class;
             drop(g);
             // Work queued on the stream may still use the buffer: wait for it first.
+            let _ = bind(&self.stream);
             let _ = self.stream.synchronize();
             // SAFETY: a persistent buffer is owned by exactly one DevBuf, dropped now.
             let _ = unsafe { result::free_sync(ptr) };
@@ -384,6 +397,7 @@ impl DevBuf {
         if n == 0 {
             return Ok(());
         }
+        bind(&self.pool.stream)?;
         // SAFETY: the destination holds `n` bytes; a pageable source is staged before the call
         // returns, so `data` may go away afterwards.
         unsafe { result::memcpy_htod_async(self.ptr, data, self.pool.stream.cu_stream()) }
@@ -414,6 +428,7 @@ pub fn read_ptr<T: DeviceRepr + Default + Clone>(
         });
     }
     let mut out = vec![T::default(); len];
+    bind(stream)?;
     if len > 0 {
         // SAFETY: `p` addresses `len` values; the stream is synchronised before `out` is used.
         unsafe { result::memcpy_dtoh_async(&mut out, p.raw(), stream.cu_stream()) }
@@ -434,6 +449,7 @@ pub fn copy<T>(stream: &CudaStream, dst: DevPtr<T>, src: DevPtr<T>) -> Result<()
     if src.is_empty() {
         return Ok(());
     }
+    bind(stream)?;
     // SAFETY: both pointers address `bytes` bytes (their contract).
     unsafe { result::memcpy_dtod_async(dst.raw(), src.raw(), src.bytes(), stream.cu_stream()) }
         .map_err(drv("device->device copy"))
@@ -444,6 +460,7 @@ pub fn memset<T>(stream: &CudaStream, p: DevPtr<T>, value: u8) -> Result<(), Cud
     if p.is_empty() {
         return Ok(());
     }
+    bind(stream)?;
     // SAFETY: `p` addresses `bytes` bytes (its contract).
     unsafe { result::memset_d8_async(p.raw(), value, p.bytes(), stream.cu_stream()) }
         .map_err(drv("memset"))

@@ -641,6 +641,7 @@ pub fn copy_2d(
         WidthInBytes: width * F,
         Height: height,
     };
+    super::buf::bind(stream)?;
     // SAFETY: both pointers address the spans checked above (their contract); the descriptor
     // is read by the driver during the call.
     unsafe { sys::cuMemcpy2DAsync_v2(&cp, stream.cu_stream()) }

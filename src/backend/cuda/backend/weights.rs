@@ -93,6 +93,7 @@ impl CudaBackend {
             .into());
         }
         let stream = self.pool.stream();
+        super::super::buf::bind(stream)?;
         for (i, c) in data.chunks(CHUNK).enumerate() {
             let at = dst.raw() + (i * CHUNK) as u64;
             // SAFETY: `dst` addresses data.len() bytes (checked); a pageable source is staged
