@@ -21,8 +21,15 @@ impl KernelCheck for RmsNormCheck {
     }
     fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
         // (groups, dim, mode): whole-row Gemma 4 12B, per-head q-norm (16 heads x 2 tokens),
-        // weightless v-norm with an odd dim.
-        let cases = [(7usize, 3840usize, 0u8), (32, 128, 1u8), (3, 3000, 2u8)];
+        // weightless v-norm with an odd dim, exactly 16 values per thread (4096), and a row wider
+        // than the register path (5120: the loop path).
+        let cases = [
+            (7usize, 3840usize, 0u8),
+            (32, 128, 1u8),
+            (3, 3000, 2u8),
+            (2, 4096, 1u8),
+            (2, 5120, 0u8),
+        ];
         let eps = 1e-6f32;
         let mut cmp = Comparison::default();
         for &(groups, dim, mode) in &cases {
