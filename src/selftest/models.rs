@@ -413,17 +413,33 @@ pub fn check_gemma3_270m<T: Backend, R: Backend>(
         let tt = tok.decode(&c.test, false).map_err(|e| e.to_string())?;
         let tr = tok.decode(&c.reference, false).map_err(|e| e.to_string())?;
         let bound = Bounds::for_case("gemma3").vs_ref;
+        // Two backends with different arithmetic (int8/bf16 activations, f16/FP8 KV, summation
+        // order) agree on the text until a step where the reference's top two logits are closer
+        // than the logit error measured up to there: there either pick is right. Such a step
+        // is reported and excused; any other difference fails.
+        let tie = c
+            .gap_at_divergence
+            .map(|(step, gap, _)| (step, gap, gap < 2.0 * c.err.abs));
+        let equal = tt == tr;
+        let pass = c.err.rel <= bound && (equal || tie.is_some_and(|t| t.2));
+        let note = match (equal, tie) {
+            (true, _) => format!("{tt:?}"),
+            (false, Some((step, gap, true))) => format!(
+                "equal for {step} tokens, then a near-tie (reference top-2 gap {gap:.3} < 2 x max abs err {:.3}): test {tt:?} / reference {tr:?}",
+                c.err.abs
+            ),
+            (false, Some((step, gap, false))) => format!(
+                "differs at token {step} (reference top-2 gap {gap:.3}): test {tt:?} != reference {tr:?}"
+            ),
+            (false, None) => format!("test {tt:?} != reference {tr:?}"),
+        };
         Ok(ModelRow {
             name: name.clone(),
             max_abs: c.err.abs,
             max_rel: c.err.rel,
             bound,
-            pass: tt == tr && c.err.rel <= bound,
-            note: if tt == tr {
-                format!("{tt:?}")
-            } else {
-                format!("test {tt:?} != reference {tr:?}")
-            },
+            pass,
+            note,
         })
     };
     run().unwrap_or_else(|e| ModelRow::failed(name.clone(), e))
