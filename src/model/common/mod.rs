@@ -13,6 +13,20 @@ pub use source::{expert_bank, WeightSource};
 use crate::backend::BackendError;
 use crate::model::ModelError;
 
+/// Prompt tokens per prefill pass: longer prompts run in chunks of this many (bounded
+/// activation memory: a 32k-token prompt would otherwise hold several GB of f32 activations per
+/// tensor). `FUCINA_PREFILL_CHUNK` overrides the default of 2048.
+pub fn prefill_chunk() -> usize {
+    static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CHUNK.get_or_init(|| {
+        std::env::var("FUCINA_PREFILL_CHUNK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n: &usize| n > 0)
+            .unwrap_or(2048)
+    })
+}
+
 /// Backend errors surface to the engine as model errors with the op's message.
 pub fn be_err(e: BackendError) -> ModelError {
     ModelError::Other(e.to_string())

@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+use crate::model::common::prefill_chunk;
 use crate::model::common::replay::StepReplay;
 
 use super::layers::{GemmaWeights, Layer};
@@ -373,7 +374,16 @@ impl<B: Backend> GemmaSession<B> {
         let pos0 = self.len;
         let caches = &mut self.caches;
         let mut run = || -> Result<Vec<B::Tensor>, ModelError> {
-            let h = m.hidden_states(tokens, pos0, caches)?;
+            // Long prompts run in chunks (bounded activation memory); only the last chunk's
+            // rows reach the head. `all` keeps one pass: every row's logits are asked for.
+            let chunk = if all { tokens.len() } else { prefill_chunk() };
+            let mut at = pos0;
+            let mut h = None;
+            for c in tokens.chunks(chunk.max(1)) {
+                h = Some(m.hidden_states(c, at, caches)?);
+                at += c.len();
+            }
+            let h = h.ok_or(ModelError::Empty)?;
             let last = m.last_row(&h)?;
             let logits = m.logits_tensor(if all { &h } else { &last })?;
             Ok(vec![logits, last])

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::backend::{Activation, AttnParams, Backend, KvShape, MoeParams, Rope};
 use crate::bk;
 use crate::engine::SamplingParams;
+use crate::model::common::prefill_chunk;
 use crate::model::common::replay::StepReplay;
 use crate::model::common::source::BankSource;
 use crate::model::common::{
@@ -381,6 +382,22 @@ impl<B: Backend> QwenSession<B> {
     fn run(&mut self, tokens: &[u32], all: bool) -> R<B::Tensor> {
         let model = Arc::clone(&self.model);
         let be = &*model.be;
+        let chunk = prefill_chunk().max(1);
+        if !all && tokens.len() > chunk {
+            // Long prompts run in chunks (bounded activation memory); the last chunk's logits
+            // are the pass's. `self.len` is restored: `step` advances it on success.
+            let start = self.len;
+            let mut out = Err(ModelError::Empty);
+            for c in tokens.chunks(chunk) {
+                out = self.run_ops(c, false);
+                if out.is_err() {
+                    break;
+                }
+                self.len += c.len();
+            }
+            self.len = start;
+            return out;
+        }
         if tokens.len() != 1 || all || self.states.is_none() {
             return self.run_ops(tokens, all);
         }
