@@ -369,7 +369,7 @@ fn cli_parses_bench_and_refuses_bad_input() {
     };
     assert_eq!(b.prompt_lens, vec![512, 4096]);
     assert_eq!(b.depths, vec![0, 4096]);
-    assert_eq!((b.decode_tokens, b.device), (128, Device::Cuda));
+    assert_eq!((b.decode_tokens, b.device), (128, Device::Auto));
     let dir = tempfile::tempdir().unwrap();
     let mut a = b.clone();
     a.synth = Some("nope".into());
