@@ -362,6 +362,26 @@ fn shape_cases(cx: &mut Ctx) {
             cx.cpu.slice_cols(&h, 37, 200)?.data,
         ))
     });
+    // one row: a view into the input (no copy); then an op reading the view, and a view of a view
+    cx.case("slice_cols one row (view) -> rms_norm".into(), 1e-5, |cx| {
+        let (g, h) = cx.t2(&x[..c], 1, c)?;
+        let (gv, hv) = (
+            cx.gpu.slice_cols(&g, 37, 256)?,
+            cx.cpu.slice_cols(&h, 37, 256)?,
+        );
+        let (gvv, hvv) = (
+            cx.gpu.slice_cols(&gv, 128, 128)?,
+            cx.cpu.slice_cols(&hv, 128, 128)?,
+        );
+        let mut got = host(&cx.gpu, &gv)?;
+        let mut want = hv.data.clone();
+        got.extend(host(
+            &cx.gpu,
+            &cx.gpu.rms_norm(&gvv, Norm::None, 1e-6, 64)?,
+        )?);
+        want.extend(cx.cpu.rms_norm(&hvv, Norm::None, 1e-6, 64)?.data);
+        Ok((got, want))
+    });
     cx.case("slice_rows".into(), 0.0, |cx| {
         let (g, h) = cx.t2(&x, n, c)?;
         Ok((

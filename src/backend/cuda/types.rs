@@ -1,25 +1,51 @@
 //! The CUDA backend's tensor, weight and KV-cache types, shared by its op modules.
 
+use std::sync::Arc;
+
 use super::buf::{DevBuf, DevPtr};
 use super::error::CudaError;
 use crate::backend::KvShape;
 use crate::kernels::Quant;
 
-/// An activation tensor: row-major f32 `[rows, cols]` in a pooled buffer.
+/// An activation tensor: row-major f32 `[rows, cols]` in a pooled buffer, from float `off` on.
+/// Several tensors may share a buffer (a one-row column slice is a view, not a copy); no op
+/// writes into its inputs, so sharing is safe.
 #[derive(Debug)]
 pub struct GpuTensor {
-    pub buf: DevBuf,
+    pub buf: Arc<DevBuf>,
+    pub off: usize,
     pub rows: usize,
     pub cols: usize,
 }
 
 impl GpuTensor {
+    /// A tensor owning `buf` (which holds at least `rows * cols` floats).
+    pub fn new(buf: DevBuf, rows: usize, cols: usize) -> GpuTensor {
+        GpuTensor {
+            buf: Arc::new(buf),
+            off: 0,
+            rows,
+            cols,
+        }
+    }
+
+    /// `len` floats of this tensor's buffer from `start` (relative to the tensor) as a
+    /// `[1, len]` view sharing the buffer, or None when out of range.
+    pub fn row_view(&self, start: usize, len: usize) -> Option<GpuTensor> {
+        (self.rows == 1 && start.checked_add(len)? <= self.cols).then(|| GpuTensor {
+            buf: self.buf.clone(),
+            off: self.off + start,
+            rows: 1,
+            cols: len,
+        })
+    }
+
     /// Exactly `rows * cols` floats.
     pub fn ptr(&self) -> DevPtr<f32> {
         self.buf
             .f32()
-            .slice(0, self.rows * self.cols)
-            .expect("a GpuTensor's buffer holds rows * cols floats")
+            .slice(self.off, self.rows * self.cols)
+            .expect("a GpuTensor's buffer holds off + rows * cols floats")
     }
     pub fn len(&self) -> usize {
         self.rows * self.cols

@@ -39,11 +39,11 @@ pub(crate) fn broadcast_strides(
 impl CudaBackend {
     /// A pooled `[rows, cols]` tensor (contents undefined).
     pub(super) fn alloc_tensor(&self, rows: usize, cols: usize) -> Result<GpuTensor> {
-        Ok(GpuTensor {
-            buf: self.pool.alloc(rows * cols * 4)?,
+        Ok(GpuTensor::new(
+            self.pool.alloc(rows * cols * 4)?,
             rows,
             cols,
-        })
+        ))
     }
 
     fn ewise(
@@ -169,6 +169,10 @@ impl CudaBackend {
                 "slice_cols",
                 format!("[{start}, {start}+{len}) of {} columns", x.cols),
             ));
+        }
+        // one row: the columns are contiguous, a view needs no copy (the fused QKV split)
+        if let Some(v) = x.row_view(start, len) {
+            return Ok(v);
         }
         let y = self.alloc_tensor(x.rows, len)?;
         let src = sub(x.ptr(), start, x.len() - start)?;

@@ -54,11 +54,7 @@ impl CudaBackend {
             )));
         }
         if n == 0 {
-            return Ok(GpuTensor {
-                buf: self.pool.alloc(0)?,
-                rows: 0,
-                cols: out,
-            });
+            return Ok(GpuTensor::new(self.pool.alloc(0)?, 0, out));
         }
         let (be, _) = weight_block(v.quant)
             .ok_or_else(|| shape(format!("no kernels for weight format {}", v.quant)))?;
@@ -77,11 +73,7 @@ impl CudaBackend {
                 let c = self.pool.alloc(n * out * 4)?;
                 self.dev
                     .gemm_ptr(&g, a16, v.data, slice(c.f32(), n * out)?, (n, out, k))?;
-                return Ok(GpuTensor {
-                    buf: c,
-                    rows: n,
-                    cols: out,
-                });
+                return Ok(GpuTensor::new(c, n, out));
             }
         }
         // chunks of 8 rows through the batch-8 GEMV (output rows rounded up to 8)
@@ -95,11 +87,7 @@ impl CudaBackend {
             let dst = sub(y.f32(), 8 * c * out, rows * out)?;
             super::super::buf::copy(self.pool.stream(), dst, part.ptr())?;
         }
-        Ok(GpuTensor {
-            buf: y,
-            rows: n,
-            cols: out,
-        })
+        Ok(GpuTensor::new(y, n, out))
     }
 
     /// `rows` (1..=8) rows of `x` against `w` (`[out, k]` of `q`) through the GEMV bucket.
@@ -153,11 +141,7 @@ impl CudaBackend {
             (out, k),
             self.sms,
         )?;
-        Ok(GpuTensor {
-            buf: y,
-            rows,
-            cols: out,
-        })
+        Ok(GpuTensor::new(y, rows, out))
     }
 }
 

@@ -382,11 +382,7 @@ impl Backend for CudaBackend {
                 q.rows
             )));
         }
-        Ok(GpuTensor {
-            buf,
-            rows: q.rows,
-            cols: width,
-        })
+        Ok(GpuTensor::new(buf, q.rows, width))
     }
 
     fn kv_truncate(&self, cache: &mut GpuKvCache, len: usize) -> Result<()> {
@@ -431,11 +427,7 @@ impl Backend for CudaBackend {
                 x.cols
             )));
         }
-        Ok(GpuTensor {
-            buf,
-            rows: x.rows,
-            cols: x.cols,
-        })
+        Ok(GpuTensor::new(buf, x.rows, x.cols))
     }
 
     fn causal_conv1d_silu(
