@@ -1,4 +1,4 @@
-//! Long prompts prefill in chunks (`FUCINA_PREFILL_CHUNK`, default 2048): the logits of the last
+//! Long prompts prefill in chunks (`FUCINA_PREFILL_CHUNK`, default 8192): the logits of the last
 //! token equal those of one unchunked pass (the `all = true` path never chunks), and decoding
 //! continues from the chunked cache as from the unchunked one. Tiny golden models on the CPU,
 //! with chunks of 5 tokens.

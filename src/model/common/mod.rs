@@ -15,7 +15,7 @@ use crate::model::ModelError;
 
 /// Prompt tokens per prefill pass: longer prompts run in chunks of this many (bounded
 /// activation memory: a 32k-token prompt would otherwise hold several GB of f32 activations per
-/// tensor). `FUCINA_PREFILL_CHUNK` overrides the default of 2048.
+/// tensor). `FUCINA_PREFILL_CHUNK` overrides the default of 8192 (as vLLM's chunked prefill).
 pub fn prefill_chunk() -> usize {
     static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CHUNK.get_or_init(|| {
@@ -23,7 +23,7 @@ pub fn prefill_chunk() -> usize {
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|&n: &usize| n > 0)
-            .unwrap_or(2048)
+            .unwrap_or(8192)
     })
 }
 
