@@ -172,8 +172,43 @@ impl Renderer {
                 template: inst.template.clone(),
                 detail: error_chain(&e),
             })?;
+        let body = if k.arch.sm() >= 90 {
+            pdl_wait(&body)
+        } else {
+            body
+        };
         Ok(format!("{}{}", header(inst), tidy(&body)))
     }
+}
+
+/// The statement that makes a kernel wait for the grid it depends on programmatically.
+pub const PDL_WAIT: &str = "asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");";
+
+/// Programmatic dependent launch (sm_90+): the runtime turns kernel-to-kernel edges of a captured
+/// decode graph into programmatic ones (`src/backend/cuda/graph.rs`), so a kernel may start while
+/// the one before it drains. Every kernel must then wait for its predecessor before touching
+/// memory: this inserts `griddepcontrol.wait` (a no-op when launched normally) as the first
+/// statement of every `extern "C" __global__` function. A template that places the wait itself
+/// (to prefetch weights first, as `ops/gemv`) is left alone: it must then wait in every kernel
+/// it defines.
+pub fn pdl_wait(src: &str) -> String {
+    if src.contains(PDL_WAIT) {
+        return src.to_string();
+    }
+    let mut out = String::with_capacity(src.len() + 256);
+    let mut rest = src;
+    while let Some(i) = rest.find("extern \"C\" __global__") {
+        let Some(j) = rest[i..].find('{') else {
+            break;
+        };
+        let brace = i + j + 1;
+        out.push_str(&rest[..brace]);
+        out.push_str("\n    ");
+        out.push_str(PDL_WAIT);
+        rest = &rest[brace..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The generated-file header: template, instance, key fields, params.
@@ -226,6 +261,18 @@ mod tests {
     use crate::manifest::Manifest;
 
     #[test]
+    fn pdl_wait_opens_every_kernel_once() {
+        let src = "__device__ int f() { return 1; }\nextern \"C\" __global__ void __launch_bounds__(64) a(int* x) {\n  x[0] = 1;\n}\nextern \"C\" __global__ void b() { }\n";
+        let out = pdl_wait(src);
+        assert_eq!(out.matches(PDL_WAIT).count(), 2);
+        assert!(out.starts_with("__device__ int f() { return 1; }"));
+        assert!(out.contains(&format!("a(int* x) {{\n    {PDL_WAIT}\n  x[0] = 1;")));
+        // a template that waits itself is untouched
+        let manual = format!("extern \"C\" __global__ void g() {{ {PDL_WAIT} }}");
+        assert_eq!(pdl_wait(&manual), manual);
+    }
+
+    #[test]
     fn renders_with_header_and_variables() {
         let m = Manifest::parse(
             "[[instance]]\nop=\"rmsnorm\"\nquant=\"f32\"\narches=[\"sm_90a\"]\nparams={threads=128}\nreason=\"t\"\n",
@@ -245,7 +292,7 @@ mod tests {
         ));
         assert!(s.contains("params: {\"threads\":128}"));
         assert!(s.contains(
-            "int f90();\nextern \"C\" __global__ void rmsnorm_f32_sm_90a() {} // 128 true 128\n"
+            "int f90();\nextern \"C\" __global__ void rmsnorm_f32_sm_90a() {\n    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");} // 128 true 128\n"
         ));
         assert!(s.ends_with("128\n"));
         let mut bad = m.instances[0].clone();
