@@ -183,12 +183,17 @@ impl Renderer {
 
 /// The statement that makes a kernel wait for the grid it depends on programmatically.
 pub const PDL_WAIT: &str = "asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");";
+/// Lets the next kernel of a programmatic chain be scheduled (it then waits in its own
+/// `PDL_WAIT` until this grid completes): issued right after the wait, so launches run at most
+/// one kernel ahead and the next kernel's launch latency hides under this one's work.
+pub const PDL_TRIGGER: &str = "asm volatile(\"griddepcontrol.launch_dependents;\" ::: \"memory\");";
 
 /// Programmatic dependent launch (sm_90+): the runtime turns kernel-to-kernel edges of a captured
 /// decode graph into programmatic ones (`src/backend/cuda/graph.rs`), so a kernel may start while
 /// the one before it drains. Every kernel must then wait for its predecessor before touching
 /// memory: this inserts `griddepcontrol.wait` (a no-op when launched normally) as the first
-/// statement of every `extern "C" __global__` function. A template that places the wait itself
+/// statement of every `extern "C" __global__` function, followed by
+/// `griddepcontrol.launch_dependents` (see [`PDL_TRIGGER`]). A template that places the wait itself
 /// (to prefetch weights first, as `ops/gemv`) is left alone: it must then wait in every kernel
 /// it defines.
 pub fn pdl_wait(src: &str) -> String {
@@ -205,6 +210,8 @@ pub fn pdl_wait(src: &str) -> String {
         out.push_str(&rest[..brace]);
         out.push_str("\n    ");
         out.push_str(PDL_WAIT);
+        out.push_str("\n    ");
+        out.push_str(PDL_TRIGGER);
         rest = &rest[brace..];
     }
     out.push_str(rest);
@@ -266,7 +273,9 @@ mod tests {
         let out = pdl_wait(src);
         assert_eq!(out.matches(PDL_WAIT).count(), 2);
         assert!(out.starts_with("__device__ int f() { return 1; }"));
-        assert!(out.contains(&format!("a(int* x) {{\n    {PDL_WAIT}\n  x[0] = 1;")));
+        assert!(out.contains(&format!(
+            "a(int* x) {{\n    {PDL_WAIT}\n    {PDL_TRIGGER}\n  x[0] = 1;"
+        )));
         // a template that waits itself is untouched
         let manual = format!("extern \"C\" __global__ void g() {{ {PDL_WAIT} }}");
         assert_eq!(pdl_wait(&manual), manual);
@@ -292,7 +301,7 @@ mod tests {
         ));
         assert!(s.contains("params: {\"threads\":128}"));
         assert!(s.contains(
-            "int f90();\nextern \"C\" __global__ void rmsnorm_f32_sm_90a() {\n    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");} // 128 true 128\n"
+            "int f90();\nextern \"C\" __global__ void rmsnorm_f32_sm_90a() {\n    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n    asm volatile(\"griddepcontrol.launch_dependents;\" ::: \"memory\");} // 128 true 128\n"
         ));
         assert!(s.ends_with("128\n"));
         let mut bad = m.instances[0].clone();
