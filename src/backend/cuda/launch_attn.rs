@@ -76,14 +76,27 @@ pub struct AttnPrefillLaunch {
     pub window: usize,
 }
 
-/// Query rows per block of attn_prefill (BQ in the template).
+/// Query rows per block of the SIMT attn_prefill (BQ in ops/attn_prefill.cu.tera).
 pub const PREFILL_ROWS: usize = 16;
 
-/// Dynamic shared memory of attn_prefill, bytes (see ops/attn_prefill.cu.tera).
+/// Dynamic shared memory of the SIMT attn_prefill, bytes (see ops/attn_prefill.cu.tera).
 pub fn prefill_smem_bytes(head_dim: usize, kv_bytes: usize) -> usize {
     const BQ: usize = PREFILL_ROWS;
     const BK: usize = 32;
     BQ * (head_dim + 4) * 4 + BK * (head_dim * kv_bytes + 16) + BQ * BK * 4 + BQ * 4
+}
+
+/// Launch geometry of an attn_prefill instance: (query rows per block, dynamic shared bytes).
+/// Tensor-core instances (ops/attn_prefill_mma.cu.tera) carry their tile as params `bq`, `bk`:
+/// Q, K and V tiles of f16 rows `head_dim + 8` wide plus the row positions.
+pub fn prefill_geometry(spec: &KernelSpec, head_dim: usize, kv_bytes: usize) -> (usize, usize) {
+    match (spec.param_u32("bq"), spec.param_u32("bk")) {
+        (Some(bq), Some(bk)) if spec.template.ends_with("attn_prefill_mma.cu.tera") => {
+            let (bq, bk) = (bq as usize, bk as usize);
+            (bq, (bq + 2 * bk) * (head_dim + 8) * 2 + bq * 4)
+        }
+        _ => (PREFILL_ROWS, prefill_smem_bytes(head_dim, kv_bytes)),
+    }
 }
 
 fn head_dim_of(op: &'static str, spec: &KernelSpec) -> Result<usize, CudaError> {
@@ -235,7 +248,7 @@ impl CudaDevice {
             i(p.window)?,
         );
         let qk_scale = p.scale * p.k_scale;
-        let smem = prefill_smem_bytes(d, kvb);
+        let (rows_per_block, smem) = prefill_geometry(spec, d, kvb);
         let f = self.function(spec)?;
         f.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -245,7 +258,7 @@ impl CudaDevice {
             "raising dynamic shared memory to {smem} bytes"
         )))?;
         let cfg = LaunchConfig {
-            grid_dim: (p.n.div_ceil(PREFILL_ROWS) as u32, p.hq as u32, 1),
+            grid_dim: (p.n.div_ceil(rows_per_block) as u32, p.hq as u32, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem as u32,
         };
