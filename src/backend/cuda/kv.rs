@@ -7,8 +7,8 @@
 //!
 //! Layout: K and V are `[pages][n_kv_heads][KV_PAGE][head_dim]` of the cache type (FP8 E4M3 or
 //! F16), pages in identity order; `extra` holds the identity block table (i32 `[pages]`) the
-//! split-K decode kernel reads, followed by its per-KV-head arrival counters (u32
-//! `[n_kv_heads]`, zeroed here and left zero by every decode launch). FP8 uses one per-tensor scale of [`KV_SCALE`] = 1.0 for K and V:
+//! split-K decode kernel reads, followed by its arrival counters (u32 `[n_kv_heads][16]`: per KV
+//! head and head share, zeroed here and left zero by every decode launch). FP8 uses one per-tensor scale of [`KV_SCALE`] = 1.0 for K and V:
 //! values are stored as they are, rounded to nearest even and clamped to +-448 (E4M3FN's
 //! largest finite value). The caches are zeroed when allocated.
 
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::buf::{DevBuf, DevPtr, Pool};
 use super::error::CudaError;
 use super::launch_attn::{AttnPrefillLaunch, KvLayout};
-use super::launch_decode::{AttnDecodeLaunch, MAX_DECODE_SPLITS};
+use super::launch_decode::{AttnDecodeLaunch, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS};
 use super::types::{GpuKvCache, KvType};
 use super::CudaDevice;
 use crate::backend::{AttnParams, KvShape};
@@ -36,6 +36,11 @@ const DECODE_BLOCKS: usize = 512;
 pub const MIN_SPLIT_KEYS: usize = 128;
 /// Most decode splits.
 const MAX_SPLITS: usize = MAX_DECODE_SPLITS;
+/// Most query-head rows x head dim one decode block takes (`decode_head_split`): Qwen3's
+/// 4 x 128 and Qwen3-MoE's 8 x 128 stay whole; Gemma 4's global 16 x 512 splits 8 ways.
+const DECODE_HEAD_WORK: usize = 1024;
+/// Most head shares per KV head (the group is at most 16): counters per KV head in `extra`.
+const MAX_HEAD_SPLIT: usize = 16;
 
 fn bad(op: &'static str, detail: String) -> CudaError {
     CudaError::Invalid { op, detail }
@@ -178,6 +183,21 @@ pub fn decode_splits(capacity: usize, n_kv_heads: usize, window: Option<usize>) 
     by_blocks.min(by_keys).clamp(1, MAX_SPLITS)
 }
 
+/// Blocks per (sequence, KV head) of decode attention: the smallest divisor of the GQA group
+/// that leaves each block at most [`MAX_DECODE_BLOCK_HEADS`] heads and at most
+/// [`DECODE_HEAD_WORK`] query-head dims (a wide group over few KV heads, e.g. Gemma 4's 16 heads
+/// of 512 over 1, would otherwise leave most SMs idle).
+pub fn decode_head_split(group: usize, head_dim: usize) -> usize {
+    let group = group.max(1);
+    (1..=group)
+        .find(|&s| {
+            group % s == 0
+                && group / s <= MAX_DECODE_BLOCK_HEADS
+                && (group / s) * head_dim <= DECODE_HEAD_WORK
+        })
+        .unwrap_or(group)
+}
+
 impl CudaDevice {
     /// A cache for `shape.capacity` positions of `shape.n_kv_heads` heads of `shape.head_dim`.
     pub fn kv_cache_new(
@@ -195,7 +215,7 @@ impl CudaDevice {
         v.fill_bytes(0)?;
         // the block table, then the decode kernel's arrival counters (zero)
         let mut table: Vec<i32> = (0..layout.pages() as i32).collect();
-        table.resize(layout.pages() + shape.n_kv_heads, 0);
+        table.resize(layout.pages() + shape.n_kv_heads * MAX_HEAD_SPLIT, 0);
         let extra = pool.upload_persistent(&table)?;
         Ok(GpuKvCache {
             shape,
@@ -285,15 +305,17 @@ impl CudaDevice {
                 .ok_or_else(|| bad("attention", "cache without a block table".into()))?
                 .ptr::<i32>();
             let pages = layout.pages();
+            let head_split = decode_head_split(p.n_heads / p.n_kv_heads, d);
             let (table, counters) = extra
                 .slice(0, pages)
-                .zip(extra.slice(pages, p.n_kv_heads))
+                .zip(extra.slice(pages, p.n_kv_heads * head_split))
                 .ok_or_else(|| bad("attention", "block table without counters".into()))?;
             let splits = decode_splits(cache.shape.capacity, p.n_kv_heads, p.window);
             let lp = AttnDecodeLaunch {
                 batch: 1,
                 hq: p.n_heads,
                 hkv: p.n_kv_heads,
+                head_split,
                 page_size: KV_PAGE,
                 max_pages: pages,
                 splits,
@@ -399,6 +421,25 @@ mod tests {
                     let s = decode_splits(cap, hkv, w);
                     assert!((1..=MAX_SPLITS).contains(&s));
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn head_split_bounds_the_work_per_block() {
+        assert_eq!(decode_head_split(4, 128), 1); // Qwen3-8B
+        assert_eq!(decode_head_split(8, 128), 1); // Qwen3-30B-A3B
+        assert_eq!(decode_head_split(2, 256), 1); // Gemma sliding layers
+        assert_eq!(decode_head_split(16, 512), 8); // Gemma 4 global layers
+        assert_eq!(decode_head_split(16, 128), 2);
+        assert_eq!(decode_head_split(16, 16), 2); // at most 8 heads per block
+        assert_eq!(decode_head_split(6, 256), 2);
+        assert_eq!(decode_head_split(3, 512), 3);
+        assert_eq!(decode_head_split(1, 512), 1);
+        for g in 1..=16 {
+            for d in [16, 32, 64, 128, 256, 512] {
+                let s = decode_head_split(g, d);
+                assert!(g % s == 0 && s <= MAX_HEAD_SPLIT && g / s <= MAX_DECODE_BLOCK_HEADS);
             }
         }
     }

@@ -24,6 +24,9 @@ pub struct AttnDecodeLaunch {
     pub batch: usize,
     pub hq: usize,
     pub hkv: usize,
+    /// Blocks per (sequence, KV head), each taking hq / hkv / head_split query heads (divides
+    /// the group; 1 = the whole group in one block).
+    pub head_split: usize,
     /// Tokens per KV page; the caches are [pages][hkv][page_size][head_dim] of the kernel's
     /// quant (FP8 E4M3 or F16).
     pub page_size: usize,
@@ -47,10 +50,13 @@ pub struct AttnDecodeLaunch {
 
 /// Most splits of one decode-attention launch (the kernel's MAXS).
 pub const MAX_DECODE_SPLITS: usize = 64;
+/// Most query heads one decode-attention block takes (the kernel's GMAX):
+/// hq / hkv / head_split must not exceed it.
+pub const MAX_DECODE_BLOCK_HEADS: usize = 8;
 
 /// Scratch of the split-K partials: o [batch][hq][splits][d] and {m, l} [batch][hq][splits],
-/// and the per-(sequence, KV head) arrival counters (u32 [batch][hkv], zero; the kernel leaves
-/// them zero).
+/// and the per-(sequence, KV head, head share) arrival counters (u32 [batch][hkv][head_split],
+/// zero; the kernel leaves them zero).
 pub struct AttnScratch {
     pub part_o: CudaSlice<f32>,
     pub part_ml: CudaSlice<f32>,
@@ -80,7 +86,8 @@ pub fn decode_smem_bytes(group: usize, head_dim: usize, kv_bytes: usize, tk: usi
 impl AttnDecodeLaunch {
     /// Dynamic shared memory of the main kernel for an FP8 cache with 128-key tiles, bytes.
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
-        decode_smem_bytes(self.hq / self.hkv.max(1), head_dim, 1, 128)
+        let group = self.hq / self.hkv.max(1) / self.head_split.max(1);
+        decode_smem_bytes(group, head_dim, 1, 128)
     }
 }
 
@@ -94,7 +101,7 @@ impl CudaDevice {
         Ok(AttnScratch {
             part_o: self.filled_f32(rows * head_dim, 0.0)?,
             part_ml: self.filled_f32(rows * 2, 0.0)?,
-            counters: self.upload(&vec![0u32; (p.batch * p.hkv).max(1)])?,
+            counters: self.upload(&vec![0u32; (p.batch * p.hkv * p.head_split).max(1)])?,
         })
     }
 
@@ -102,7 +109,7 @@ impl CudaDevice {
     /// i32 [batch] in device memory: the query's position (its K/V already in the cache, so the
     /// sequence holds q_pos + 1 keys). `part_o` / `part_ml` are the split-K scratch
     /// ([batch][hq][splits][d] and [batch][hq][splits][2] f32, any contents); `counters` u32
-    /// [batch][hkv] must be zero before the launch and are zero again after it (the last split
+    /// [batch][hkv][head_split] must be zero before the launch and are zero again after it (the last split
     /// of each KV head merges the partials and resets its counter), so a persistent zeroed
     /// buffer serves every launch and graph replay on one stream.
     #[allow(clippy::too_many_arguments)]
@@ -138,6 +145,9 @@ impl CudaDevice {
         if p.hkv == 0
             || p.hq % p.hkv != 0
             || p.hq / p.hkv > 16
+            || p.head_split == 0
+            || (p.hq / p.hkv) % p.head_split != 0
+            || p.hq / p.hkv / p.head_split > MAX_DECODE_BLOCK_HEADS
             || p.batch == 0
             || p.splits == 0
             || p.splits > MAX_DECODE_SPLITS
@@ -148,9 +158,17 @@ impl CudaDevice {
             return Err(invalid(
                 OP,
                 format!(
-                    "hq={} hkv={} (group <= 16), batch={}, splits={} (1..={MAX_DECODE_SPLITS}), \
-                     min_chunk={}, page={}, max_pages={}",
-                    p.hq, p.hkv, p.batch, p.splits, p.min_chunk, p.page_size, p.max_pages
+                    "hq={} hkv={} (group <= 16) head_split={} (divides the group, leaves <= \
+                     {MAX_DECODE_BLOCK_HEADS} heads per block), batch={}, \
+                     splits={} (1..={MAX_DECODE_SPLITS}), min_chunk={}, page={}, max_pages={}",
+                    p.hq,
+                    p.hkv,
+                    p.head_split,
+                    p.batch,
+                    p.splits,
+                    p.min_chunk,
+                    p.page_size,
+                    p.max_pages
                 ),
             ));
         }
@@ -167,7 +185,7 @@ impl CudaDevice {
         }
         if part_o.len() < rows * p.splits * d
             || part_ml.len() < rows * p.splits * 2
-            || counters.len() < p.batch * p.hkv
+            || counters.len() < p.batch * p.hkv * p.head_split
         {
             return Err(invalid(OP, "scratch too small for these splits".into()));
         }
@@ -179,7 +197,7 @@ impl CudaDevice {
             ));
         }
         let tk = decode_tile_keys(spec);
-        let smem = decode_smem_bytes(p.hq / p.hkv, d, kvb, tk);
+        let smem = decode_smem_bytes(p.hq / p.hkv / p.head_split, d, kvb, tk);
         let f = self.function(spec)?;
         f.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -189,20 +207,28 @@ impl CudaDevice {
             "raising dynamic shared memory to {smem} bytes"
         )))?;
         let i = |v: usize| i32::try_from(v).map_err(|_| invalid(OP, format!("{v} exceeds i32")));
-        let (hq, hkv, pg, mp, win, min_chunk) = (
+        let (hq, hkv, hsplit, pg, mp, win, min_chunk) = (
             i(p.hq)?,
             i(p.hkv)?,
+            i(p.head_split)?,
             i(p.page_size)?,
             i(p.max_pages)?,
             i(p.window)?,
             i(p.min_chunk)?,
         );
         let _ = i(p.max_pages * p.page_size)?;
-        if p.batch > 65535 || p.hkv > 65535 {
-            return Err(invalid(OP, "batch or KV heads past 65535".into()));
+        if p.batch > 65535 || p.hkv * p.head_split > 65535 {
+            return Err(invalid(
+                OP,
+                "batch or KV heads x head_split past 65535".into(),
+            ));
         }
         let cfg = LaunchConfig {
-            grid_dim: (p.splits as u32, p.hkv as u32, p.batch as u32),
+            grid_dim: (
+                p.splits as u32,
+                (p.hkv * p.head_split) as u32,
+                p.batch as u32,
+            ),
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem as u32,
         };
@@ -229,6 +255,7 @@ impl CudaDevice {
             .arg(&cr);
         b.arg(&hq)
             .arg(&hkv)
+            .arg(&hsplit)
             .arg(&pg)
             .arg(&mp)
             .arg(&min_chunk)
@@ -238,10 +265,10 @@ impl CudaDevice {
             .arg(&p.softcap)
             .arg(&win);
         // SAFETY: matches ops/attn_decode (q, k_cache, v_cache, block_table, q_pos, part_o,
-        // part_ml, out, counters, hq, hkv, page_size, max_pages, min_chunk, scale, k_scale,
-        // v_scale, softcap, window); sizes checked above; the kernel clamps the key count to
-        // max_pages * page_size and touches part_o / part_ml / counters only below
-        // [batch][hq][splits] / [batch][hkv]; block table entries must be < the cache's pages
+        // part_ml, out, counters, hq, hkv, head_split, page_size, max_pages, min_chunk, scale,
+        // k_scale, v_scale, softcap, window); sizes checked above; the kernel clamps the key
+        // count to max_pages * page_size and touches part_o / part_ml / counters only below
+        // [batch][hq][splits] / [batch][hkv][head_split]; block table entries must be < the cache's pages
         // (the caller's contract: kv.rs passes an identity table).
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())

@@ -31,7 +31,7 @@ pub use error::CudaError;
 pub use kv::MIN_SPLIT_KEYS;
 pub use launch::{GluShape, RopeLaunch};
 pub use launch_attn::{AttnPrefillLaunch, KvLayout};
-pub use launch_decode::{AttnDecodeLaunch, AttnScratch, MAX_DECODE_SPLITS};
+pub use launch_decode::{AttnDecodeLaunch, AttnScratch, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS};
 pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
 pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
 pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, NormWeightPtr};

@@ -3,11 +3,13 @@
 //! several sequences of different lengths in one launch (1, 255, 256, 257: one tile, one chunk
 //! and the merge of 2 and 3 chunks), 4097 and 4100 keys (33 live chunks: the fused merge walks
 //! more splits than a warp has lanes), sliding windows, softcap, grids much larger than the live
-//! chunks (blocks past them exit). The kernel reads query positions (length - 1) from device
-//! memory. Every case runs twice and the arrival counters must be zero after each launch (the
+//! chunks (blocks past them exit), groups split over several blocks per KV head (as the backend
+//! picks: Gemma 4's 16 x 512 over 1 KV head -> 8; forced 4 at head dim 16). The kernel reads
+//! query positions (length - 1) from device memory. Every case runs twice and the arrival counters must be zero after each launch (the
 //! kernel resets them: what lets one persistent buffer serve every graph replay).
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
+use crate::backend::cuda::kv::decode_head_split;
 use crate::backend::cuda::{AttnDecodeLaunch, CudaError, DevPtr, MIN_SPLIT_KEYS};
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::attention_ref::{attention_decode, DecodeAttn};
@@ -24,6 +26,8 @@ struct Case {
     window: usize,
     softcap: f32,
     splits: usize,
+    /// Blocks per KV head (0: `decode_head_split`, what the backend uses).
+    head_split: usize,
 }
 
 fn cases(d: usize) -> Vec<Case> {
@@ -34,6 +38,7 @@ fn cases(d: usize) -> Vec<Case> {
         window,
         softcap,
         splits,
+        head_split: 0,
     };
     let mut v = match d {
         // the golden models' shapes: 4 query heads over 2 KV heads (window 4) or over 1 (global)
@@ -41,6 +46,11 @@ fn cases(d: usize) -> Vec<Case> {
             c(4, 2, &[37, 1], 4, 0.0, 2),
             c(8, 2, &[300], 0, 30.0, 4),
             c(16, 1, &[130, 64], 0, 0.0, 3),
+            // 4 blocks per KV head, 4 query heads each
+            Case {
+                head_split: 4,
+                ..c(16, 1, &[300, 1], 0, 0.0, 3)
+            },
         ],
         32 => vec![
             c(4, 1, &[70, 3], 0, 0.0, 2),
@@ -53,6 +63,8 @@ fn cases(d: usize) -> Vec<Case> {
             c(32, 8, &[4097], 0, 0.0, 34),
             c(32, 8, &[1000, 37], 0, 0.0, 8),
             c(4, 4, &[300], 0, 0.0, 1),
+            // a group of 16 over 2 KV heads: 2 blocks per KV head
+            c(32, 2, &[600, 3], 0, 0.0, 8),
         ],
         256 => vec![
             c(16, 8, &[1500, 700], 1024, 50.0, 6),
@@ -124,6 +136,10 @@ impl KernelCheck for AttnDecodeCheck {
                 batch: b,
                 hq: c.hq,
                 hkv: c.hkv,
+                head_split: match c.head_split {
+                    0 => decode_head_split(c.hq / c.hkv, d),
+                    s => s,
+                },
                 page_size: page,
                 max_pages,
                 splits: c.splits,
