@@ -7,7 +7,8 @@
 //!
 //! Layout: K and V are `[pages][n_kv_heads][KV_PAGE][head_dim]` of the cache type (FP8 E4M3 or
 //! F16), pages in identity order; `extra` holds the identity block table (i32 `[pages]`) the
-//! split-K decode kernel reads. FP8 uses one per-tensor scale of [`KV_SCALE`] = 1.0 for K and V:
+//! split-K decode kernel reads, followed by its arrival counters (u32 `[n_kv_heads][16]`: per KV
+//! head and head share, zeroed here and left zero by every decode launch). FP8 uses one per-tensor scale of [`KV_SCALE`] = 1.0 for K and V:
 //! values are stored as they are, rounded to nearest even and clamped to +-448 (E4M3FN's
 //! largest finite value). The caches are zeroed when allocated.
 
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use super::buf::{DevBuf, DevPtr, Pool};
 use super::error::CudaError;
 use super::launch_attn::{AttnPrefillLaunch, KvLayout};
-use super::launch_decode::AttnDecodeLaunch;
+use super::launch_decode::{AttnDecodeLaunch, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS};
 use super::types::{GpuKvCache, KvType};
 use super::CudaDevice;
 use crate::backend::{AttnParams, KvShape};
@@ -26,12 +27,20 @@ use crate::kernels::{BatchBucket, HeadDim, Op, Quant};
 pub const KV_PAGE: usize = 64;
 /// Per-tensor scale of the K and V caches (stored value = x / scale).
 pub const KV_SCALE: f32 = 1.0;
-/// Target number of decode blocks (splits x KV heads): a couple of waves on a large GPU.
-const DECODE_BLOCKS: usize = 256;
-/// Fewest keys a decode split covers when the cache is full.
-const MIN_SPLIT_KEYS: usize = 256;
+/// Most decode blocks (splits x KV heads) of a full cache: ~4 per SM of an H200 (132 SMs).
+const DECODE_BLOCKS: usize = 512;
+/// Fewest keys a decode split covers: one 128-key tile. Qwen3-8B (8 KV heads) at depth 4096 then
+/// runs 33 live splits = 264 blocks, exactly 2 per H200 SM, each one tile (256-key splits would
+/// give 136 blocks: 4 SMs with two 2-tile blocks set the time); at depth <= 128 one block per KV
+/// head writes the output with no merge.
+pub const MIN_SPLIT_KEYS: usize = 128;
 /// Most decode splits.
-const MAX_SPLITS: usize = 64;
+const MAX_SPLITS: usize = MAX_DECODE_SPLITS;
+/// Most query-head rows x head dim one decode block takes (`decode_head_split`): Qwen3's
+/// 4 x 128 and Qwen3-MoE's 8 x 128 stay whole; Gemma 4's global 16 x 512 splits 8 ways.
+const DECODE_HEAD_WORK: usize = 1024;
+/// Most head shares per KV head (the group is at most 16): counters per KV head in `extra`.
+const MAX_HEAD_SPLIT: usize = 16;
 
 fn bad(op: &'static str, detail: String) -> CudaError {
     CudaError::Invalid { op, detail }
@@ -162,14 +171,31 @@ fn check_attention_shape(
     Ok(())
 }
 
-/// Split-K factor of decode attention, from the cache capacity only (so a captured graph is
-/// valid at every position): about [`DECODE_BLOCKS`] blocks over the KV heads, at least
-/// [`MIN_SPLIT_KEYS`] keys per split of a full cache, at most [`MAX_SPLITS`]. Splits past the
-/// live keys are empty (the kernel writes {-inf, 0} and the combine skips them).
-pub fn decode_splits(capacity: usize, n_kv_heads: usize) -> usize {
+/// Split-K grid of decode attention, from the cache capacity and the window only (so a captured
+/// graph is valid at every position): one split per [`MIN_SPLIT_KEYS`] keys of the longest live
+/// range (capacity, or the window when smaller), at most [`DECODE_BLOCKS`] blocks over the KV
+/// heads and [`MAX_SPLITS`]. The kernel cuts the live keys of each launch into chunks of at least
+/// [`MIN_SPLIT_KEYS`]; blocks past them exit at once, so the cost follows the live length.
+pub fn decode_splits(capacity: usize, n_kv_heads: usize, window: Option<usize>) -> usize {
+    let range = window.map_or(capacity, |w| w.min(capacity));
     let by_blocks = DECODE_BLOCKS.div_ceil(n_kv_heads.max(1));
-    let by_keys = capacity.div_ceil(MIN_SPLIT_KEYS);
+    let by_keys = range.div_ceil(MIN_SPLIT_KEYS);
     by_blocks.min(by_keys).clamp(1, MAX_SPLITS)
+}
+
+/// Blocks per (sequence, KV head) of decode attention: the smallest divisor of the GQA group
+/// that leaves each block at most [`MAX_DECODE_BLOCK_HEADS`] heads and at most
+/// [`DECODE_HEAD_WORK`] query-head dims (a wide group over few KV heads, e.g. Gemma 4's 16 heads
+/// of 512 over 1, would otherwise leave most SMs idle).
+pub fn decode_head_split(group: usize, head_dim: usize) -> usize {
+    let group = group.max(1);
+    (1..=group)
+        .find(|&s| {
+            group % s == 0
+                && group / s <= MAX_DECODE_BLOCK_HEADS
+                && (group / s) * head_dim <= DECODE_HEAD_WORK
+        })
+        .unwrap_or(group)
 }
 
 impl CudaDevice {
@@ -187,7 +213,9 @@ impl CudaDevice {
         // zeroed, so that a tile that reaches past the written keys reads finite values
         k.fill_bytes(0)?;
         v.fill_bytes(0)?;
-        let table: Vec<i32> = (0..layout.pages() as i32).collect();
+        // the block table, then the decode kernel's arrival counters (zero)
+        let mut table: Vec<i32> = (0..layout.pages() as i32).collect();
+        table.resize(layout.pages() + shape.n_kv_heads * MAX_HEAD_SPLIT, 0);
         let extra = pool.upload_persistent(&table)?;
         Ok(GpuKvCache {
             shape,
@@ -271,18 +299,27 @@ impl CudaDevice {
         let window = p.window.unwrap_or(0);
         if n == 1 {
             let spec = self.resolve(Op::AttnDecode, quant, hd, BatchBucket::Any)?;
-            let table = cache
+            let extra = cache
                 .extra
                 .as_ref()
-                .ok_or_else(|| bad("attention", "cache without a block table".into()))?;
-            let splits = decode_splits(cache.shape.capacity, p.n_kv_heads);
+                .ok_or_else(|| bad("attention", "cache without a block table".into()))?
+                .ptr::<i32>();
+            let pages = layout.pages();
+            let head_split = decode_head_split(p.n_heads / p.n_kv_heads, d);
+            let (table, counters) = extra
+                .slice(0, pages)
+                .zip(extra.slice(pages, p.n_kv_heads * head_split))
+                .ok_or_else(|| bad("attention", "block table without counters".into()))?;
+            let splits = decode_splits(cache.shape.capacity, p.n_kv_heads, p.window);
             let lp = AttnDecodeLaunch {
                 batch: 1,
                 hq: p.n_heads,
                 hkv: p.n_kv_heads,
+                head_split,
                 page_size: KV_PAGE,
-                max_pages: layout.pages(),
+                max_pages: pages,
                 splits,
+                min_chunk: MIN_SPLIT_KEYS,
                 scale: p.scale,
                 k_scale: KV_SCALE,
                 v_scale: KV_SCALE,
@@ -297,11 +334,12 @@ impl CudaDevice {
                 q,
                 cache.k.u8(),
                 cache.v.u8(),
-                table.ptr::<i32>(),
+                table,
                 pos,
                 part_o.f32(),
                 part_ml.f32(),
                 out.f32(),
+                counters.cast::<u32>(),
             )?;
         } else {
             let spec = self.resolve(Op::AttnPrefill, quant, hd, BatchBucket::Any)?;
@@ -364,17 +402,44 @@ mod tests {
     }
 
     #[test]
-    fn splits_depend_on_capacity_only_and_stay_in_range() {
-        assert_eq!(decode_splits(1, 8), 1);
-        assert_eq!(decode_splits(256, 8), 1);
-        assert_eq!(decode_splits(257, 8), 2);
-        assert_eq!(decode_splits(32768, 8), 32);
-        assert_eq!(decode_splits(1 << 20, 1), MAX_SPLITS);
-        assert_eq!(decode_splits(4096, 0), 16);
+    fn splits_depend_on_capacity_and_window_only_and_stay_in_range() {
+        assert_eq!(decode_splits(1, 8, None), 1);
+        assert_eq!(decode_splits(128, 8, None), 1);
+        assert_eq!(decode_splits(129, 8, None), 2);
+        // the bench's Qwen3-8B cache: 4240 positions, 8 KV heads -> 34 splits (33 live at 4096)
+        assert_eq!(decode_splits(4240, 8, None), 34);
+        assert_eq!(decode_splits(32768, 8, None), MAX_SPLITS);
+        assert_eq!(decode_splits(32768, 16, None), 32);
+        assert_eq!(decode_splits(1 << 20, 1, None), MAX_SPLITS);
+        assert_eq!(decode_splits(4096, 0, None), 32);
+        // a sliding window bounds the live range
+        assert_eq!(decode_splits(32768, 8, Some(1024)), 8);
+        assert_eq!(decode_splits(100, 8, Some(1024)), 1);
         for cap in [1, 63, 64, 1000, 4096, 131072] {
             for hkv in [1, 2, 4, 8, 16] {
-                let s = decode_splits(cap, hkv);
-                assert!((1..=MAX_SPLITS).contains(&s));
+                for w in [None, Some(1), Some(512), Some(1 << 20)] {
+                    let s = decode_splits(cap, hkv, w);
+                    assert!((1..=MAX_SPLITS).contains(&s));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn head_split_bounds_the_work_per_block() {
+        assert_eq!(decode_head_split(4, 128), 1); // Qwen3-8B
+        assert_eq!(decode_head_split(8, 128), 1); // Qwen3-30B-A3B
+        assert_eq!(decode_head_split(2, 256), 1); // Gemma sliding layers
+        assert_eq!(decode_head_split(16, 512), 8); // Gemma 4 global layers
+        assert_eq!(decode_head_split(16, 128), 2);
+        assert_eq!(decode_head_split(16, 16), 2); // at most 8 heads per block
+        assert_eq!(decode_head_split(6, 256), 2);
+        assert_eq!(decode_head_split(3, 512), 3);
+        assert_eq!(decode_head_split(1, 512), 1);
+        for g in 1..=16 {
+            for d in [16, 32, 64, 128, 256, 512] {
+                let s = decode_head_split(g, d);
+                assert!(g % s == 0 && s <= MAX_HEAD_SPLIT && g / s <= MAX_DECODE_BLOCK_HEADS);
             }
         }
     }

@@ -1,5 +1,5 @@
 //! Typed launches of the decode-step kernels: attention over the paged FP8 / F16 KV cache
-//! (split-K + combine) and the sampler.
+//! (split-K with the merge fused into the same launch) and the sampler.
 
 use cudarc::driver::{sys, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
@@ -24,14 +24,21 @@ pub struct AttnDecodeLaunch {
     pub batch: usize,
     pub hq: usize,
     pub hkv: usize,
+    /// Blocks per (sequence, KV head), each taking hq / hkv / head_split query heads (divides
+    /// the group; 1 = the whole group in one block).
+    pub head_split: usize,
     /// Tokens per KV page; the caches are [pages][hkv][page_size][head_dim] of the kernel's
     /// quant (FP8 E4M3 or F16).
     pub page_size: usize,
     /// Columns of the block table ([batch][max_pages] i32).
     pub max_pages: usize,
-    /// Split-K factor (grid.x); pick so that splits * hkv * batch covers the SMs a few times.
-    /// Splits past the live keys are empty and cost one short block each.
+    /// Split-K grid (grid.x, 1..=[`MAX_DECODE_SPLITS`]), fixed per cache so one captured graph
+    /// serves every position. The kernel cuts the LIVE keys into chunks of
+    /// max(`min_chunk`, ceil(live / splits) rounded up to the tile) keys; blocks past the last
+    /// live chunk exit at once.
     pub splits: usize,
+    /// Fewest keys per chunk (>= 1; a multiple of the tile keeps tiles whole).
+    pub min_chunk: usize,
     pub scale: f32,
     pub k_scale: f32,
     pub v_scale: f32,
@@ -41,10 +48,19 @@ pub struct AttnDecodeLaunch {
     pub window: usize,
 }
 
-/// Scratch of the split-K partials: o [batch][hq][splits][d] and {m, l} [batch][hq][splits].
+/// Most splits of one decode-attention launch (the kernel's MAXS).
+pub const MAX_DECODE_SPLITS: usize = 64;
+/// Most query heads one decode-attention block takes (the kernel's GMAX):
+/// hq / hkv / head_split must not exceed it.
+pub const MAX_DECODE_BLOCK_HEADS: usize = 8;
+
+/// Scratch of the split-K partials: o [batch][hq][splits][d] and {m, l} [batch][hq][splits],
+/// and the per-(sequence, KV head, head share) arrival counters (u32 [batch][hkv][head_split],
+/// zero; the kernel leaves them zero).
 pub struct AttnScratch {
     pub part_o: CudaSlice<f32>,
     pub part_ml: CudaSlice<f32>,
+    pub counters: CudaSlice<u32>,
 }
 
 /// Bytes per cache element of an attention instance's quant (FP8 E4M3: 1, F16: 2; others have
@@ -70,7 +86,8 @@ pub fn decode_smem_bytes(group: usize, head_dim: usize, kv_bytes: usize, tk: usi
 impl AttnDecodeLaunch {
     /// Dynamic shared memory of the main kernel for an FP8 cache with 128-key tiles, bytes.
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
-        decode_smem_bytes(self.hq / self.hkv.max(1), head_dim, 1, 128)
+        let group = self.hq / self.hkv.max(1) / self.head_split.max(1);
+        decode_smem_bytes(group, head_dim, 1, 128)
     }
 }
 
@@ -84,13 +101,17 @@ impl CudaDevice {
         Ok(AttnScratch {
             part_o: self.filled_f32(rows * head_dim, 0.0)?,
             part_ml: self.filled_f32(rows * 2, 0.0)?,
+            counters: self.upload(&vec![0u32; (p.batch * p.hkv * p.head_split).max(1)])?,
         })
     }
 
-    /// Decode attention: `q` f32 [batch][hq][d] -> `out` f32 [batch][hq][d]; `q_pos` i32
-    /// [batch] in device memory: the query's position (its K/V already in the cache, so the
+    /// Decode attention, one launch: `q` f32 [batch][hq][d] -> `out` f32 [batch][hq][d]; `q_pos`
+    /// i32 [batch] in device memory: the query's position (its K/V already in the cache, so the
     /// sequence holds q_pos + 1 keys). `part_o` / `part_ml` are the split-K scratch
-    /// ([batch][hq][splits][d] and [batch][hq][splits][2] f32).
+    /// ([batch][hq][splits][d] and [batch][hq][splits][2] f32, any contents); `counters` u32
+    /// [batch][hkv][head_split] must be zero before the launch and are zero again after it (the last split
+    /// of each KV head merges the partials and resets its counter), so a persistent zeroed
+    /// buffer serves every launch and graph replay on one stream.
     #[allow(clippy::too_many_arguments)]
     pub fn attn_decode(
         &self,
@@ -104,6 +125,7 @@ impl CudaDevice {
         part_o: DevPtr<f32>,
         part_ml: DevPtr<f32>,
         out: DevPtr<f32>,
+        counters: DevPtr<u32>,
     ) -> Result<(), CudaError> {
         const OP: &str = "attn_decode";
         if spec.key.op != Op::AttnDecode {
@@ -123,16 +145,30 @@ impl CudaDevice {
         if p.hkv == 0
             || p.hq % p.hkv != 0
             || p.hq / p.hkv > 16
+            || p.head_split == 0
+            || (p.hq / p.hkv) % p.head_split != 0
+            || p.hq / p.hkv / p.head_split > MAX_DECODE_BLOCK_HEADS
             || p.batch == 0
             || p.splits == 0
+            || p.splits > MAX_DECODE_SPLITS
+            || p.min_chunk == 0
             || p.page_size == 0
             || p.max_pages == 0
         {
             return Err(invalid(
                 OP,
                 format!(
-                    "hq={} hkv={} (group <= 16), batch={}, splits={}, page={}, max_pages={}",
-                    p.hq, p.hkv, p.batch, p.splits, p.page_size, p.max_pages
+                    "hq={} hkv={} (group <= 16) head_split={} (divides the group, leaves <= \
+                     {MAX_DECODE_BLOCK_HEADS} heads per block), batch={}, \
+                     splits={} (1..={MAX_DECODE_SPLITS}), min_chunk={}, page={}, max_pages={}",
+                    p.hq,
+                    p.hkv,
+                    p.head_split,
+                    p.batch,
+                    p.splits,
+                    p.min_chunk,
+                    p.page_size,
+                    p.max_pages
                 ),
             ));
         }
@@ -147,7 +183,10 @@ impl CudaDevice {
                 "q / out / q_pos / block_table too small".into(),
             ));
         }
-        if part_o.len() < rows * p.splits * d || part_ml.len() < rows * p.splits * 2 {
+        if part_o.len() < rows * p.splits * d
+            || part_ml.len() < rows * p.splits * 2
+            || counters.len() < p.batch * p.hkv * p.head_split
+        {
             return Err(invalid(OP, "scratch too small for these splits".into()));
         }
         let page_bytes = p.hkv * p.page_size * d * kvb;
@@ -158,7 +197,7 @@ impl CudaDevice {
             ));
         }
         let tk = decode_tile_keys(spec);
-        let smem = decode_smem_bytes(p.hq / p.hkv, d, kvb, tk);
+        let smem = decode_smem_bytes(p.hq / p.hkv / p.head_split, d, kvb, tk);
         let f = self.function(spec)?;
         f.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -167,24 +206,33 @@ impl CudaDevice {
         .map_err(drv(format!(
             "raising dynamic shared memory to {smem} bytes"
         )))?;
-        let comb = self.function_suffixed(spec, "combine")?;
         let i = |v: usize| i32::try_from(v).map_err(|_| invalid(OP, format!("{v} exceeds i32")));
-        let (hq, hkv, pg, mp, win, splits, di) = (
+        let (hq, hkv, hsplit, pg, mp, win, min_chunk) = (
             i(p.hq)?,
             i(p.hkv)?,
+            i(p.head_split)?,
             i(p.page_size)?,
             i(p.max_pages)?,
             i(p.window)?,
-            i(p.splits)?,
-            i(d)?,
+            i(p.min_chunk)?,
         );
         let _ = i(p.max_pages * p.page_size)?;
+        if p.batch > 65535 || p.hkv * p.head_split > 65535 {
+            return Err(invalid(
+                OP,
+                "batch or KV heads x head_split past 65535".into(),
+            ));
+        }
         let cfg = LaunchConfig {
-            grid_dim: (p.splits as u32, p.hkv as u32, p.batch as u32),
+            grid_dim: (
+                p.splits as u32,
+                (p.hkv * p.head_split) as u32,
+                p.batch as u32,
+            ),
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let (qr, kr, vr, btr, posr, por, pmr, outr) = (
+        let (qr, kr, vr, btr, posr, por, pmr, outr, cr) = (
             q.raw(),
             k_cache.raw(),
             v_cache.raw(),
@@ -193,6 +241,7 @@ impl CudaDevice {
             part_o.raw(),
             part_ml.raw(),
             out.raw(),
+            counters.raw(),
         );
         let mut b = self.stream().launch_builder(&f);
         b.arg(&qr)
@@ -201,36 +250,35 @@ impl CudaDevice {
             .arg(&btr)
             .arg(&posr)
             .arg(&por)
-            .arg(&pmr);
+            .arg(&pmr)
+            .arg(&outr)
+            .arg(&cr);
         b.arg(&hq)
             .arg(&hkv)
+            .arg(&hsplit)
             .arg(&pg)
             .arg(&mp)
+            .arg(&min_chunk)
             .arg(&p.scale)
             .arg(&p.k_scale)
             .arg(&p.v_scale)
             .arg(&p.softcap)
             .arg(&win);
-        // SAFETY: matches ops/attn_decode's main signature (q, k_cache, v_cache, block_table,
-        // q_pos, part_o, part_ml, then 5 ints/floats as pushed); sizes checked above; the kernel
-        // clamps the key count to max_pages * page_size; block table entries must be < the
-        // cache's pages (the caller's contract: kv.rs passes an identity table).
+        // SAFETY: matches ops/attn_decode (q, k_cache, v_cache, block_table, q_pos, part_o,
+        // part_ml, out, counters, hq, hkv, head_split, page_size, max_pages, min_chunk, scale,
+        // k_scale, v_scale, softcap, window); sizes checked above; the kernel clamps the key
+        // count to max_pages * page_size and touches part_o / part_ml / counters only below
+        // [batch][hq][splits] / [batch][hkv][head_split]; block table entries must be < the cache's pages
+        // (the caller's contract: kv.rs passes an identity table).
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
-        let cfg = LaunchConfig {
-            grid_dim: (p.hq as u32, p.batch as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.stream().launch_builder(&comb);
-        b.arg(&por).arg(&pmr).arg(&outr).arg(&splits).arg(&di);
-        // SAFETY: matches (const float* part_o, const float2* part_ml, float* out, int splits, int d);
-        // part_o / part_ml / out sizes checked above.
-        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}__combine", spec.name)))?;
         Ok(())
     }
 
     /// One token per row of `logits` ([rows][vocab]) into `out`; `counters[r]` selects the draw
-    /// of row r's random stream and is incremented by the kernel.
+    /// of row r's random stream and is incremented by the kernel. `scratch`: rows x
+    /// `sample_scratch_words(vocab)` u32, zero before the first launch (left reusable); `None`
+    /// runs the single-block reference entry instead.
+    #[allow(clippy::too_many_arguments)]
     pub fn sample(
         &self,
         spec: &'static KernelSpec,
@@ -239,36 +287,17 @@ impl CudaDevice {
         params: &CudaSlice<SampleParams>,
         counters: &mut CudaSlice<u32>,
         out: &mut CudaSlice<i32>,
+        scratch: Option<&mut CudaSlice<u32>>,
     ) -> Result<(), CudaError> {
-        const OP: &str = "sample";
-        if spec.key.op != Op::Sample {
-            return Err(invalid(OP, format!("instance {} is not sample", spec.name)));
+        let (l, p, c, o) = (
+            DevPtr::of(logits),
+            DevPtr::of(params),
+            DevPtr::of(&*counters),
+            DevPtr::of(&*out),
+        );
+        match scratch {
+            Some(s) => self.sample_ptr(spec, l, vocab, p, c, o, DevPtr::of(&*s)),
+            None => self.sample_one_block_ptr(spec, l, vocab, p, c, o),
         }
-        if vocab == 0 || logits.len() % vocab != 0 {
-            return Err(invalid(
-                OP,
-                format!("{} logits are not rows of {vocab}", logits.len()),
-            ));
-        }
-        let rows = logits.len() / vocab;
-        if params.len() < rows || counters.len() < rows || out.len() < rows {
-            return Err(invalid(
-                OP,
-                format!("{rows} rows need params/counters/out of {rows}"),
-            ));
-        }
-        let v = i32::try_from(vocab).map_err(|_| invalid(OP, "vocab exceeds i32".into()))?;
-        let f = self.function(spec)?;
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(logits).arg(&v).arg(params).arg(counters).arg(out);
-        // SAFETY: matches (const float* logits, int V, const SampleParams* p, u32* counters,
-        // int* out), one 1024-thread block per row; sizes checked above.
-        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
-        Ok(())
     }
 }

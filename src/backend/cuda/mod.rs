@@ -28,14 +28,17 @@ pub use backend::CudaBackend;
 pub use buf::{DevBuf, DevPtr, Pool, PoolStats};
 pub use device::CudaDevice;
 pub use error::CudaError;
+pub use kv::MIN_SPLIT_KEYS;
 pub use launch::{GluShape, RopeLaunch};
 pub use launch_attn::{AttnPrefillLaunch, KvLayout};
-pub use launch_decode::{AttnDecodeLaunch, AttnScratch};
+pub use launch_decode::{AttnDecodeLaunch, AttnScratch, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS};
 pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
 pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
 pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, NormWeightPtr};
 pub use probe::cuda_available;
-pub use sampler::{kernel_params, CudaSamplerState, MAX_BANNED};
+pub use sampler::{
+    kernel_params, sample_scratch_words, CudaSamplerState, MAX_BANNED, SAMPLE_BLOCK_LOGITS,
+};
 pub use types::{GpuKvCache, GpuTensor, GpuWeight, KvType, WeightView};
 
 pub use cudarc::driver::{CudaSlice, CudaView};

@@ -28,6 +28,19 @@ use crate::ops::sample::SampleParams;
 /// Most banned ids per step (EOS and stop ids); more is an error.
 pub const MAX_BANNED: usize = 256;
 
+/// Logits per block of the multi-block `sample` kernel (its CH): grid (ceil(V / 4096), rows).
+pub const SAMPLE_BLOCK_LOGITS: usize = 4096;
+/// Most blocks per row (the last block scans one candidate count per block with its threads).
+const SAMPLE_MAX_BLOCKS: usize = 1024;
+
+/// u32 words of `sample` scratch per row of `vocab` logits: the arrival counter, per-block
+/// arg-maxes, candidate counts and lists, and the merged list (ops/sample.cu.tera). Must be zero
+/// before the first launch; the kernel leaves the counter zero, so one buffer serves every step.
+pub fn sample_scratch_words(vocab: usize) -> usize {
+    let nb = vocab.div_ceil(SAMPLE_BLOCK_LOGITS).max(1);
+    1 + 3 * nb + 2 * nb * SAMPLE_BLOCK_LOGITS
+}
+
 /// One sequence's sampler on the device.
 #[derive(Debug)]
 pub struct CudaSamplerState {
@@ -39,6 +52,8 @@ pub struct CudaSamplerState {
     counter: DevBuf,
     /// The sampled id (i32 x 1).
     out: DevBuf,
+    /// The kernel's scratch (u32 x [`sample_scratch_words`], zeroed once).
+    scratch: DevBuf,
     /// Token counts (u32 x vocab, `ops::penalties` layout) when a penalty is on.
     counts: Option<DevBuf>,
     /// Banned ids (i32 x MAX_BANNED) and the set last uploaded.
@@ -115,6 +130,13 @@ impl CudaBackend {
                 params: self.pool.upload_persistent(std::slice::from_ref(&kp))?,
                 counter: self.pool.upload_persistent(&[0u32])?,
                 out: self.pool.upload_persistent(&[0i32])?,
+                scratch: {
+                    let b = self
+                        .pool
+                        .alloc_persistent(sample_scratch_words(vocab) * 4)?;
+                    b.fill_bytes(0)?;
+                    b
+                },
                 counts,
                 banned: self.pool.alloc_persistent(MAX_BANNED * 4)?,
                 banned_now: Vec::new(),
@@ -197,6 +219,7 @@ impl CudaBackend {
                 st.params.ptr::<SampleParams>(),
                 st.counter.ptr::<u32>(),
                 out,
+                st.scratch.ptr::<u32>(),
             )?;
             if let Some(counts) = &st.counts {
                 self.dev.penalties_count(pen, out, 0, counts.ptr::<u32>())?;
@@ -312,7 +335,10 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// The `sample` kernel on raw pointers: one token per row of `logits` ([rows][vocab]).
+    /// The `sample` kernel on raw pointers: one token per row of `logits` ([rows][vocab]);
+    /// `scratch` holds [`sample_scratch_words`]`(vocab)` u32 per row, zero before the first
+    /// launch (the kernel leaves it reusable).
+    #[allow(clippy::too_many_arguments)]
     pub fn sample_ptr(
         &self,
         spec: &'static KernelSpec,
@@ -321,6 +347,36 @@ impl CudaDevice {
         params: DevPtr<SampleParams>,
         counters: DevPtr<u32>,
         out: DevPtr<i32>,
+        scratch: DevPtr<u32>,
+    ) -> Result<(), CudaError> {
+        self.launch_sample(spec, logits, vocab, params, counters, out, Some(scratch))
+    }
+
+    /// The single-block reference entry of the `sample` kernel (`__one_block`, one block per
+    /// row over the whole vocabulary): the selftest's check that the multi-block kernel draws
+    /// exactly the same tokens.
+    pub fn sample_one_block_ptr(
+        &self,
+        spec: &'static KernelSpec,
+        logits: DevPtr<f32>,
+        vocab: usize,
+        params: DevPtr<SampleParams>,
+        counters: DevPtr<u32>,
+        out: DevPtr<i32>,
+    ) -> Result<(), CudaError> {
+        self.launch_sample(spec, logits, vocab, params, counters, out, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_sample(
+        &self,
+        spec: &'static KernelSpec,
+        logits: DevPtr<f32>,
+        vocab: usize,
+        params: DevPtr<SampleParams>,
+        counters: DevPtr<u32>,
+        out: DevPtr<i32>,
+        scratch: Option<DevPtr<u32>>,
     ) -> Result<(), CudaError> {
         const OP: &str = "sample";
         check_op(spec, Op::Sample, OP)?;
@@ -331,24 +387,51 @@ impl CudaDevice {
             ));
         }
         let rows = logits.len() / vocab;
-        if params.len() < rows || counters.len() < rows || out.len() < rows {
+        if params.len() < rows || counters.len() < rows || out.len() < rows || rows > 65535 {
             return Err(invalid(
                 OP,
-                format!("{rows} rows need params/counters/out of {rows}"),
+                format!("{rows} rows (<= 65535) need params/counters/out of {rows}"),
             ));
         }
         let v = i32::try_from(vocab).map_err(|_| invalid(OP, "vocab exceeds i32".into()))?;
-        let f = self.function(spec)?;
+        let blocks = vocab.div_ceil(SAMPLE_BLOCK_LOGITS);
+        if blocks > SAMPLE_MAX_BLOCKS {
+            return Err(invalid(
+                OP,
+                format!(
+                    "vocab {vocab} past {} logits",
+                    SAMPLE_MAX_BLOCKS * SAMPLE_BLOCK_LOGITS
+                ),
+            ));
+        }
+        let (f, grid_x, sp) = match scratch {
+            Some(s) => {
+                if s.len() < rows * sample_scratch_words(vocab) {
+                    return Err(invalid(
+                        OP,
+                        format!(
+                            "scratch of {} words, {rows} rows of {vocab} need {}",
+                            s.len(),
+                            rows * sample_scratch_words(vocab)
+                        ),
+                    ));
+                }
+                (self.function(spec)?, blocks as u32, s.raw())
+            }
+            None => (self.function_suffixed(spec, "one_block")?, 1, 0u64),
+        };
         let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
+            grid_dim: (grid_x, rows as u32, 1),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
         let (lp, pp, cp, op) = (logits.raw(), params.raw(), counters.raw(), out.raw());
         let mut b = self.stream().launch_builder(&f);
-        b.arg(&lp).arg(&v).arg(&pp).arg(&cp).arg(&op);
+        b.arg(&lp).arg(&v).arg(&pp).arg(&cp).arg(&op).arg(&sp);
         // SAFETY: matches (const float* logits, int V, const SampleParams* p, u32* counters,
-        // int* out), one 1024-thread block per row; sizes checked above.
+        // int* out, u32* scratch), grid (ceil(V / 4096), rows) of 1024 threads (the
+        // multi-block entry; its scratch holds rows x sample_scratch_words(V) words) or (1, rows)
+        // (`__one_block`, scratch unused); sizes checked above.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())
     }
@@ -365,6 +448,15 @@ fn check_op(spec: &'static KernelSpec, op: Op, name: &'static str) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scratch_words_cover_every_block() {
+        // 151936 logits: 38 blocks (the last one holds 384)
+        assert_eq!(sample_scratch_words(151_936), 1 + 3 * 38 + 2 * 38 * 4096);
+        assert_eq!(sample_scratch_words(4096), 1 + 3 + 2 * 4096);
+        assert_eq!(sample_scratch_words(4097), 1 + 6 + 4 * 4096);
+        assert_eq!(sample_scratch_words(1), 1 + 3 + 2 * 4096);
+    }
 
     #[test]
     fn kernel_params_map_the_cpu_conventions() {

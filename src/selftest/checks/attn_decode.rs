@@ -1,10 +1,16 @@
 //! Decode attention over a paged FP8 E4M3 or F16 KV cache vs `ops::attention_ref` on the
-//! dequantised cache at head dims 16..512: GQA groups 1..16, pages handed out in shuffled order, several sequences of
-//! different lengths (one of length 1), sliding windows, softcap, one and many splits (most of
-//! them empty in one case). The kernel reads query positions (length - 1) from device memory.
+//! dequantised cache at head dims 16..512: GQA groups 1..16, pages handed out in shuffled order,
+//! several sequences of different lengths in one launch (1, 255, 256, 257: one tile, one chunk
+//! and the merge of 2 and 3 chunks), 4097 and 4100 keys (33 live chunks: the fused merge walks
+//! more splits than a warp has lanes), sliding windows, softcap, grids much larger than the live
+//! chunks (blocks past them exit), groups split over several blocks per KV head (as the backend
+//! picks: Gemma 4's 16 x 512 over 1 KV head -> 8; forced 4 at head dim 16). The kernel reads
+//! query positions (length - 1) from device memory. Every case runs twice and the arrival counters must be zero after each launch (the
+//! kernel resets them: what lets one persistent buffer serve every graph replay).
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::{AttnDecodeLaunch, CudaError, DevPtr};
+use crate::backend::cuda::kv::decode_head_split;
+use crate::backend::cuda::{AttnDecodeLaunch, CudaError, DevPtr, MIN_SPLIT_KEYS};
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::attention_ref::{attention_decode, DecodeAttn};
 use crate::quant::{e4m3_to_f32, f32_to_e4m3};
@@ -20,6 +26,8 @@ struct Case {
     window: usize,
     softcap: f32,
     splits: usize,
+    /// Blocks per KV head (0: `decode_head_split`, what the backend uses).
+    head_split: usize,
 }
 
 fn cases(d: usize) -> Vec<Case> {
@@ -30,6 +38,7 @@ fn cases(d: usize) -> Vec<Case> {
         window,
         softcap,
         splits,
+        head_split: 0,
     };
     let mut v = match d {
         // the golden models' shapes: 4 query heads over 2 KV heads (window 4) or over 1 (global)
@@ -37,6 +46,11 @@ fn cases(d: usize) -> Vec<Case> {
             c(4, 2, &[37, 1], 4, 0.0, 2),
             c(8, 2, &[300], 0, 30.0, 4),
             c(16, 1, &[130, 64], 0, 0.0, 3),
+            // 4 blocks per KV head, 4 query heads each
+            Case {
+                head_split: 4,
+                ..c(16, 1, &[300, 1], 0, 0.0, 3)
+            },
         ],
         32 => vec![
             c(4, 1, &[70, 3], 0, 0.0, 2),
@@ -44,7 +58,14 @@ fn cases(d: usize) -> Vec<Case> {
             c(16, 4, &[500], 200, 20.0, 5),
         ],
         64 => vec![c(8, 2, &[900, 5], 0, 0.0, 8), c(4, 1, &[200], 100, 20.0, 3)],
-        128 => vec![c(32, 8, &[1000, 37], 0, 0.0, 8), c(4, 4, &[300], 0, 0.0, 1)],
+        // Qwen3-8B at depth 4096 first (the timed case): 34 splits as for its 4240-token cache
+        128 => vec![
+            c(32, 8, &[4097], 0, 0.0, 34),
+            c(32, 8, &[1000, 37], 0, 0.0, 8),
+            c(4, 4, &[300], 0, 0.0, 1),
+            // a group of 16 over 2 KV heads: 2 blocks per KV head
+            c(32, 2, &[600, 3], 0, 0.0, 8),
+        ],
         256 => vec![
             c(16, 8, &[1500, 700], 1024, 50.0, 6),
             c(8, 1, &[513], 0, 0.0, 16),
@@ -54,7 +75,13 @@ fn cases(d: usize) -> Vec<Case> {
             c(8, 2, &[2000], 512, 30.0, 4),
         ],
     };
-    // 40 keys over 32 splits of >= 32 keys: 30 splits are empty
+    // one launch: a single key, one tile short of a chunk, one chunk, and 2 / 3 merged chunks
+    v.push(c(8, 2, &[1, 255, 256, 257], 0, 0.0, 16));
+    // 33 live chunks of a 64-split grid (the merge walks more splits than 32 lanes), and a
+    // sliding window of 1000 over 4100 keys (8 live chunks starting at key 3100)
+    v.push(c(8, 2, &[4100], 0, 0.0, 64));
+    v.push(c(4, 2, &[4100, 1001], 1000, 0.0, 64));
+    // 40 keys over 32 splits: one live chunk, 31 blocks exit at once
     v.push(c(4, 2, &[40], 0, 0.0, 32));
     v
 }
@@ -109,9 +136,14 @@ impl KernelCheck for AttnDecodeCheck {
                 batch: b,
                 hq: c.hq,
                 hkv: c.hkv,
+                head_split: match c.head_split {
+                    0 => decode_head_split(c.hq / c.hkv, d),
+                    s => s,
+                },
                 page_size: page,
                 max_pages,
                 splits: c.splits,
+                min_chunk: MIN_SPLIT_KEYS,
                 scale: 1.0 / (d as f32).sqrt(),
                 k_scale: 0.5,
                 v_scale: 1.5,
@@ -168,12 +200,24 @@ impl KernelCheck for AttnDecodeCheck {
                     DevPtr::of(&scratch.part_o),
                     DevPtr::of(&scratch.part_ml),
                     DevPtr::of(&out),
+                    DevPtr::of(&scratch.counters),
                 )
             };
-            launch()?;
-            cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
+            let zeros = vec![0f32; scratch.counters.len()];
+            for _ in 0..2 {
+                launch()?;
+                cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
+                let counters: Vec<f32> = cx
+                    .dev
+                    .download(&scratch.counters)?
+                    .iter()
+                    .map(|&v| v as f32)
+                    .collect();
+                cmp = cmp.merge(Comparison::new(&counters, &zeros));
+            }
             if ci == 0 {
                 micros = time_us(dev, cx.iters, launch)?;
+                cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
             }
         }
         Ok(Measured { cmp, micros })

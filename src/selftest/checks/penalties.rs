@@ -9,7 +9,7 @@
 //! number of violations of (2) and (3).
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::{kernel_params, CudaError, DevPtr};
+use crate::backend::cuda::{kernel_params, sample_scratch_words, CudaError, DevPtr};
 use crate::engine::{Sampler, SamplingParams};
 use crate::kernels::{BatchBucket, HeadDim, KernelKey, KernelSpec, Op, Quant};
 use crate::ops::penalties::{apply, count, initial_counts, Penalties, PROMPT_BIT};
@@ -113,6 +113,7 @@ impl KernelCheck for PenaltiesCheck {
             let d_counter = dev.upload(&[0u32])?;
             let d_out = dev.upload(&[-1i32])?;
             let d_ban = dev.upload(&[3i32])?;
+            let d_scratch = dev.upload(&vec![0u32; sample_scratch_words(V)])?;
             for step in 0..24u32 {
                 // a peaked row over a few ids, so penalties and history decide the token
                 let mut logits = uniform(&mut cx.rng, V, -8.0, 0.0);
@@ -130,6 +131,7 @@ impl KernelCheck for PenaltiesCheck {
                     DevPtr::of(&d_params),
                     DevPtr::of(&d_counter),
                     DevPtr::of(&d_out),
+                    DevPtr::of(&d_scratch),
                 )?;
                 dev.penalties_count(spec, DevPtr::of(&d_out), 0, DevPtr::of(&d_counts))?;
                 let got = dev.download(&d_out)?[0];
