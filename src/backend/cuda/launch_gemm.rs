@@ -1,0 +1,385 @@
+//! Typed launches of the prefill GEMM path over bf16 operands: `dequant_bf16` (a weight matrix
+//! in its stored format to row-major bf16) and `gemm_pipe` (multi-stage cp.async + mma.sync
+//! GEMM, `C f32 [M][ldc] = A bf16 [M][K] . W bf16 [N][K]^T`) with its tile shapes.
+//!
+//! `gemm_pipe` has one module per arch with four entries (see the template's header); a
+//! [`GemmPipe`] holds them loaded, with their dynamic shared memory raised, so a launch does no
+//! lookup. [`pick_tile`] chooses the tile by shape (tune it with `examples/gemm_bench.rs`).
+
+use cudarc::driver::{sys, CudaFunction, LaunchConfig, PushKernelArg};
+
+use super::buf::DevPtr;
+use super::error::{drv, CudaError};
+use super::launch_ptr::Kern;
+use super::weight_block;
+use super::CudaDevice;
+use crate::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
+
+fn invalid(op: &'static str, detail: String) -> CudaError {
+    CudaError::Invalid { op, detail }
+}
+
+fn int(op: &'static str, what: &str, v: usize) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| invalid(op, format!("{what} = {v} exceeds i32")))
+}
+
+/// K elements per pipeline stage of `gemm_pipe` (BK in the template).
+pub const GEMM_PIPE_BK: usize = 32;
+
+/// A tile shape of `gemm_pipe` (one entry of its module each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmTile {
+    /// 128 x 128, 4 warps of 64 x 64 (the main entry).
+    T128x128W4,
+    /// 128 x 128, 8 warps of 64 x 32 (`__w8`).
+    T128x128W8,
+    /// 128 x 256, 8 warps of 64 x 64 (`__n256`).
+    T128x256,
+    /// 64 x 128, 4 warps of 32 x 64 (`__m64`), for M <= 64.
+    T64x128,
+}
+
+impl GemmTile {
+    pub const ALL: [GemmTile; 4] = [
+        GemmTile::T128x128W4,
+        GemmTile::T128x128W8,
+        GemmTile::T128x256,
+        GemmTile::T64x128,
+    ];
+
+    /// Entry suffix in the module (None: the main entry).
+    pub fn suffix(self) -> Option<&'static str> {
+        match self {
+            GemmTile::T128x128W4 => None,
+            GemmTile::T128x128W8 => Some("w8"),
+            GemmTile::T128x256 => Some("n256"),
+            GemmTile::T64x128 => Some("m64"),
+        }
+    }
+
+    /// Short name (benchmarks, `FUCINA_GEMM_TILE`).
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmTile::T128x128W4 => "128x128w4",
+            GemmTile::T128x128W8 => "128x128w8",
+            GemmTile::T128x256 => "128x256",
+            GemmTile::T64x128 => "64x128",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<GemmTile> {
+        GemmTile::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    /// (BM, BN, threads).
+    pub fn dims(self) -> (usize, usize, usize) {
+        match self {
+            GemmTile::T128x128W4 => (128, 128, 128),
+            GemmTile::T128x128W8 => (128, 128, 256),
+            GemmTile::T128x256 => (128, 256, 256),
+            GemmTile::T64x128 => (64, 128, 128),
+        }
+    }
+
+    fn index(self) -> usize {
+        GemmTile::ALL
+            .iter()
+            .position(|&t| t == self)
+            .unwrap_or_default()
+    }
+
+    /// Dynamic shared memory of one CTA: `stages` x (BM + BN) rows of BK bf16.
+    pub fn smem_bytes(self, stages: usize) -> usize {
+        let (bm, bn, _) = self.dims();
+        stages * (bm + bn) * GEMM_PIPE_BK * 2
+    }
+}
+
+/// The tile for an `m x n` product on `sms` multiprocessors. Heuristic (not yet tuned on a GPU;
+/// `examples/gemm_bench.rs` prints every tile): 64-row tiles when M <= 64; 128 x 256 when it
+/// still gives at least 4 CTAs per SM (one CTA of it fits an SM, so whole waves matter little
+/// and its larger warp tiles read less shared memory per mma); else 128 x 128 with 4 warps.
+/// `FUCINA_GEMM_TILE=<name>` overrides (for measurements).
+pub fn pick_tile(m: usize, n: usize, sms: u32) -> GemmTile {
+    if let Some(t) = tile_override() {
+        return t;
+    }
+    if m <= 64 {
+        return GemmTile::T64x128;
+    }
+    let ctas_256 = m.div_ceil(128) * n.div_ceil(256);
+    if ctas_256 >= 4 * sms.max(1) as usize {
+        GemmTile::T128x256
+    } else {
+        GemmTile::T128x128W4
+    }
+}
+
+fn tile_override() -> Option<GemmTile> {
+    static T: std::sync::OnceLock<Option<GemmTile>> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        std::env::var("FUCINA_GEMM_TILE")
+            .ok()
+            .and_then(|s| GemmTile::from_name(s.trim()))
+    })
+}
+
+/// The loaded entries of a `gemm_pipe` instance. A tile whose shared memory does not fit the
+/// device (or whose entry failed to load) is `None` and is never launched.
+#[derive(Debug, Clone)]
+pub struct GemmPipe {
+    pub spec: &'static KernelSpec,
+    pub stages: usize,
+    fns: [Option<CudaFunction>; 4],
+}
+
+impl GemmPipe {
+    /// Whether `tile` can be launched on this device.
+    pub fn has(&self, tile: GemmTile) -> bool {
+        self.fns[tile.index()].is_some()
+    }
+
+    /// `tile` if it can run here, else the first tile that can (None: none can).
+    pub fn usable(&self, tile: GemmTile) -> Option<GemmTile> {
+        if self.has(tile) {
+            Some(tile)
+        } else {
+            GemmTile::ALL.into_iter().find(|&t| self.has(t))
+        }
+    }
+}
+
+impl CudaDevice {
+    /// Load every entry of the `gemm_pipe` instance of this device, each with its dynamic shared
+    /// memory limit raised (and the shared-memory carveout preferred, so two 64 KB CTAs share an
+    /// SM on sm_90).
+    pub fn gemm_pipe_kernels(&self) -> Result<GemmPipe, CudaError> {
+        let spec = self.resolve(Op::GemmPipe, Quant::Bf16, HeadDim::Any, BatchBucket::Any)?;
+        self.gemm_pipe_of(spec)
+    }
+
+    /// [`Self::gemm_pipe_kernels`] of a given instance (the selftest runs every arch it can).
+    pub fn gemm_pipe_of(&self, spec: &'static KernelSpec) -> Result<GemmPipe, CudaError> {
+        const OP: &str = "gemm_pipe";
+        if spec.key.op != Op::GemmPipe {
+            return Err(invalid(
+                OP,
+                format!("instance {} is not gemm_pipe", spec.name),
+            ));
+        }
+        let stages = spec.param_u32("stages").unwrap_or(4).max(2) as usize;
+        let optin = self
+            .context()
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(drv("reading the shared memory limit".to_string()))?
+            .max(0) as usize;
+        let mut fns: [Option<CudaFunction>; 4] = Default::default();
+        for t in GemmTile::ALL {
+            let smem = t.smem_bytes(stages);
+            if smem > optin {
+                continue;
+            }
+            let f = match t.suffix() {
+                None => self.function(spec)?,
+                Some(s) => self.function_suffixed(spec, s)?,
+            };
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(drv(format!(
+                "raising dynamic shared memory of {} ({}) to {smem} bytes",
+                spec.name,
+                t.name()
+            )))?;
+            // a preference only: ignore a driver that refuses it
+            let _ = f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            );
+            fns[t.index()] = Some(f);
+        }
+        if fns.iter().all(Option::is_none) {
+            return Err(invalid(
+                OP,
+                format!(
+                    "no tile of {} fits {optin} bytes of shared memory",
+                    spec.name
+                ),
+            ));
+        }
+        Ok(GemmPipe { spec, stages, fns })
+    }
+
+    /// `c[i * ldc + j] = sum_l a[i * k + l] * w[j * k + l]` for i < m, j < n: `a` bf16 `[m][k]`,
+    /// `w` bf16 `[n][k]`, `c` f32 with row stride `ldc` (columns n.. of each row untouched).
+    /// Needs k % 8 == 0, `a` / `w` 16-byte aligned, `c` 8-byte aligned and `ldc` even.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_pipe_ptr(
+        &self,
+        g: &GemmPipe,
+        tile: GemmTile,
+        a: DevPtr<u16>,
+        w: DevPtr<u16>,
+        c: DevPtr<f32>,
+        (m, n, k): (usize, usize, usize),
+        ldc: usize,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "gemm_pipe";
+        let f = g.fns[tile.index()]
+            .as_ref()
+            .ok_or_else(|| invalid(OP, format!("tile {} does not fit this device", tile.name())))?;
+        if m == 0 || n == 0 || k == 0 || k % 8 != 0 || ldc < n || ldc % 2 != 0 {
+            return Err(invalid(
+                OP,
+                format!("m={m} n={n} k={k} ldc={ldc}: k must be a multiple of 8, ldc even >= n"),
+            ));
+        }
+        if a.raw() % 16 != 0 || w.raw() % 16 != 0 || c.raw() % 8 != 0 {
+            return Err(invalid(
+                OP,
+                "a / w not 16-byte or c not 8-byte aligned".into(),
+            ));
+        }
+        if a.len() < m * k || w.len() < n * k || c.len() < (m - 1) * ldc + n {
+            return Err(invalid(
+                OP,
+                format!("a {} / w {} / c {} too small", a.len(), w.len(), c.len()),
+            ));
+        }
+        let (bm, bn, threads) = tile.dims();
+        let (mi, ni, ki, ldci) = (
+            int(OP, "m", m)?,
+            int(OP, "n", n)?,
+            int(OP, "k", k)?,
+            int(OP, "ldc", ldc)?,
+        );
+        let gx = u32::try_from(m.div_ceil(bm)).map_err(|_| invalid(OP, "m too large".into()))?;
+        let gy = n.div_ceil(bn);
+        if gy > 65_535 || gx >= (1u32 << 31) {
+            return Err(invalid(OP, format!("grid ({gx}, {gy}) out of range")));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (gx, gy as u32, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: tile.smem_bytes(g.stages) as u32,
+        };
+        let (ap, wp, cp) = (a.raw(), w.raw(), c.raw());
+        let mut b = self.stream().launch_builder(f);
+        b.arg(&ap)
+            .arg(&wp)
+            .arg(&cp)
+            .arg(&mi)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(&ldci);
+        // SAFETY: matches ops/gemm_pipe (const u16* A, const u16* W, float* C, int M, int N,
+        // int K, int ldc); a holds m*k, w n*k values and c (m-1)*ldc + n floats (checked above);
+        // the kernel reads only rows < M / N and columns < K, writes only (i < m, j < n).
+        unsafe { b.launch(cfg) }.map_err(drv(format!(
+            "launching {} ({})",
+            g.spec.name,
+            tile.name()
+        )))?;
+        Ok(())
+    }
+
+    /// `rows x cols` weight elements in the layout of `k.spec.key.quant` (`w`) to row-major
+    /// bf16 (`y`, `rows * cols` values): the CPU dequantiser's values rounded to nearest even.
+    pub fn dequant_bf16_ptr(
+        &self,
+        k: &Kern,
+        w: DevPtr<u8>,
+        y: DevPtr<u16>,
+        (rows, cols): (usize, usize),
+    ) -> Result<(), CudaError> {
+        const OP: &str = "dequant_bf16";
+        if k.spec.key.op != Op::DequantBf16 {
+            return Err(invalid(
+                OP,
+                format!("instance {} is not dequant_bf16", k.spec.name),
+            ));
+        }
+        let q = k.spec.key.quant;
+        let (be, bb) = weight_block(q).ok_or_else(|| invalid(OP, format!("no layout for {q}")))?;
+        let elems = rows * cols;
+        if cols % be != 0 || cols % 8 != 0 {
+            return Err(invalid(
+                OP,
+                format!("{cols} columns is not whole {be}-element blocks of 8-element groups"),
+            ));
+        }
+        let bytes = rows * (cols / be) * bb;
+        if w.len() < bytes || y.len() < elems {
+            return Err(invalid(
+                OP,
+                format!(
+                    "w {} bytes (need {bytes}) / y {} values (need {elems})",
+                    w.len(),
+                    y.len()
+                ),
+            ));
+        }
+        let align = match q {
+            Quant::Q4K => 8,
+            Quant::F16 | Quant::F32 => 16,
+            _ => 2,
+        };
+        if w.raw() % align != 0 || y.raw() % 16 != 0 {
+            return Err(invalid(
+                OP,
+                format!("w must be {align}-byte and y 16-byte aligned"),
+            ));
+        }
+        if elems == 0 {
+            return Ok(());
+        }
+        let groups = elems / 8;
+        let blocks = u32::try_from(groups.div_ceil(256))
+            .ok()
+            .filter(|&b| b < (1u32 << 31))
+            .ok_or_else(|| invalid(OP, format!("{elems} elements is too many for one launch")))?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (wp, yp, gl) = (w.raw(), y.raw(), groups as i64);
+        let mut b = self.stream().launch_builder(&k.f);
+        b.arg(&wp).arg(&yp).arg(&gl);
+        // SAFETY: matches ops/dequant_bf16 (const u8* W, u16* Y, long long groups); w holds the
+        // blocks of `elems` elements and y `elems` values (checked above); alignment checked.
+        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", k.spec.name)))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_name_and_size() {
+        for t in GemmTile::ALL {
+            assert_eq!(GemmTile::from_name(t.name()), Some(t));
+            assert_eq!(GemmTile::ALL[t.index()], t);
+        }
+        assert_eq!(GemmTile::T128x128W4.smem_bytes(4), 64 * 1024);
+        assert_eq!(GemmTile::T128x256.smem_bytes(4), 96 * 1024);
+        assert_eq!(GemmTile::T128x128W4.smem_bytes(3), 48 * 1024);
+        // the sm_121a instance (3 stages) fits two 128x128 CTAs in 100 KB
+        assert!(2 * GemmTile::T128x128W4.smem_bytes(3) <= 100 * 1024);
+    }
+
+    #[test]
+    fn pick_by_shape() {
+        if tile_override().is_some() {
+            return;
+        }
+        assert_eq!(pick_tile(17, 4096, 132), GemmTile::T64x128);
+        assert_eq!(pick_tile(512, 4096, 132), GemmTile::T128x128W4);
+        assert_eq!(pick_tile(4096, 24576, 132), GemmTile::T128x256);
+    }
+}
