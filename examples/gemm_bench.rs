@@ -5,16 +5,17 @@
 //! 1. `dequant_bf16` of a Q4_0 / Q4_K / Q8_0 / Q6_K weight to bf16: median us and GB/s (bytes
 //!    read + bf16 bytes written);
 //! 2. at M in {512, 4096} rows: `gemm_pipe` with every tile shape (`*` marks the one
-//!    `pick_tile` chooses), the older `gemm` bf16 kernel, and at M = 512 the older `gemm` Q4_0
+//!    `GemmPipe::pick` chooses), the older `gemm` bf16 kernel, and at M = 512 the older `gemm` Q4_0
 //!    kernel (dequantising in its tile loader): median us and TFLOPS (2 M N K / t);
 //! 3. the prefill path of a Q4_0 weight as `linear` runs it (dequant_bf16 into the scratch +
 //!    gemm_pipe with the picked tile; one chunk, as every shape here fits 128 MiB except
 //!    24576x4096, which runs as 2 chunks): us and effective TFLOPS.
+//!
 //! Times are medians of CUDA-event-timed single launches (20 samples; 5 with --quick).
 
 use anyhow::Result;
 use cudarc::driver::{sys, CudaSlice};
-use fucina::backend::cuda::{pick_tile, CudaDevice, DevPtr, GemmTile, Kern};
+use fucina::backend::cuda::{CudaDevice, DevPtr, GemmTile, Kern};
 use fucina::kernels::{BatchBucket, Op, Quant};
 use fucina::ops::qdot::random_weights;
 use fucina::quant::GgmlType;
@@ -114,7 +115,7 @@ fn main() -> Result<()> {
                     flop / ms / 1e9
                 );
             };
-            let pick = g.usable(pick_tile(m, n, sms));
+            let pick = g.pick(m, n);
             for t in GemmTile::ALL {
                 if !g.has(t) {
                     continue;
@@ -149,9 +150,7 @@ fn main() -> Result<()> {
                             .slice(r0 * row_bytes, rows * row_bytes)
                             .ok_or_else(|| anyhow::anyhow!("chunk out of range"))?;
                         dev.dequant_bf16_ptr(kd, wq, p(&scratch), (rows, k))?;
-                        let t = g
-                            .usable(pick_tile(m, rows, sms))
-                            .ok_or_else(|| anyhow::anyhow!("no tile"))?;
+                        let t = g.pick(m, rows).ok_or_else(|| anyhow::anyhow!("no tile"))?;
                         let cc = p(&c)
                             .slice(r0, (m - 1) * n + rows)
                             .ok_or_else(|| anyhow::anyhow!("c out of range"))?;

@@ -49,10 +49,10 @@ mod tests {
             b[2 + j] = (j as i8 - 16) as u8;
         }
         let got = dequant_bf16(GgmlType::Q8_0, &b, 32).unwrap();
-        for j in 0..32 {
+        for (j, &g) in got.iter().enumerate() {
             let want = d.to_f32() * (j as f32 - 16.0);
-            assert_eq!(got[j], bf(want));
-            assert!((bf16_to_f32(got[j]) - want).abs() <= want.abs() / 256.0);
+            assert_eq!(g, bf(want));
+            assert!((bf16_to_f32(g) - want).abs() <= want.abs() / 256.0);
         }
         // F32: an exact tie (0x3f80_8000) rounds to even (0x3f80), 0x3f81_8000 up to 0x3f82
         let x = [f32::from_bits(0x3f80_8000), f32::from_bits(0x3f81_8000)];

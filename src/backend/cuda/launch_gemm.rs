@@ -95,24 +95,30 @@ impl GemmTile {
     }
 }
 
-/// The tile for an `m x n` product on `sms` multiprocessors. Heuristic (not yet tuned on a GPU;
-/// `examples/gemm_bench.rs` prints every tile): 64-row tiles when M <= 64; 128 x 256 when it
-/// still gives at least 4 CTAs per SM (one CTA of it fits an SM, so whole waves matter little
-/// and its larger warp tiles read less shared memory per mma); else 128 x 128 with 4 warps.
-/// `FUCINA_GEMM_TILE=<name>` overrides (for measurements).
-pub fn pick_tile(m: usize, n: usize, sms: u32) -> GemmTile {
-    if let Some(t) = tile_override() {
-        return t;
+/// Relative mma throughput of an SM running `tile` (1.0 = the best). Estimates from the bytes
+/// each tile moves per FMA (shared memory, ldmatrix + cp.async: 128x256 0.084, 128x128 w4
+/// 0.094, w8 0.125, 64x128 0.137; L2 -> SM: 0.023, 0.031, 0.031, 0.046), not yet measured:
+/// tune them from `examples/gemm_bench.rs`.
+pub fn tile_efficiency(tile: GemmTile) -> f64 {
+    match tile {
+        GemmTile::T128x256 => 1.0,
+        GemmTile::T128x128W4 => 0.85,
+        GemmTile::T128x128W8 => 0.8,
+        GemmTile::T64x128 => 0.7,
     }
-    if m <= 64 {
-        return GemmTile::T64x128;
-    }
-    let ctas_256 = m.div_ceil(128) * n.div_ceil(256);
-    if ctas_256 >= 4 * sms.max(1) as usize {
-        GemmTile::T128x256
-    } else {
-        GemmTile::T128x128W4
-    }
+}
+
+/// Estimated time (arbitrary units) of an `m x n` product with `tile` on `sms`
+/// multiprocessors that hold `occupancy` CTAs of it each: whole waves of CTAs, the CTAs of a
+/// wave sharing their SM, divided by the tile's efficiency.
+pub fn tile_cost(tile: GemmTile, m: usize, n: usize, sms: u32, occupancy: u32) -> f64 {
+    let (bm, bn, _) = tile.dims();
+    let sms = sms.max(1) as usize;
+    let ctas = m.div_ceil(bm) * n.div_ceil(bn);
+    // CTAs resident on one SM at a time: what the occupancy allows, no more than the grid fills
+    let per_sm = (occupancy.max(1) as usize).min(ctas.div_ceil(sms)).max(1);
+    let waves = ctas.div_ceil(sms * per_sm);
+    (waves * per_sm * bm * bn) as f64 / tile_efficiency(tile)
 }
 
 fn tile_override() -> Option<GemmTile> {
@@ -125,12 +131,16 @@ fn tile_override() -> Option<GemmTile> {
 }
 
 /// The loaded entries of a `gemm_pipe` instance. A tile whose shared memory does not fit the
-/// device (or whose entry failed to load) is `None` and is never launched.
+/// device (or that cannot be resident) is absent and is never launched.
 #[derive(Debug, Clone)]
 pub struct GemmPipe {
     pub spec: &'static KernelSpec,
     pub stages: usize,
+    /// Multiprocessors of the device.
+    pub sms: u32,
     fns: [Option<CudaFunction>; 4],
+    /// CTAs of each tile resident per SM (the driver's occupancy calculator).
+    occ: [u32; 4],
 }
 
 impl GemmPipe {
@@ -139,13 +149,29 @@ impl GemmPipe {
         self.fns[tile.index()].is_some()
     }
 
-    /// `tile` if it can run here, else the first tile that can (None: none can).
-    pub fn usable(&self, tile: GemmTile) -> Option<GemmTile> {
+    /// CTAs of `tile` resident per SM (0: not launchable).
+    pub fn occupancy(&self, tile: GemmTile) -> u32 {
         if self.has(tile) {
-            Some(tile)
+            self.occ[tile.index()]
         } else {
-            GemmTile::ALL.into_iter().find(|&t| self.has(t))
+            0
         }
+    }
+
+    /// The tile for an `m x n` product: `FUCINA_GEMM_TILE=<name>` when set (and launchable),
+    /// else the launchable tile of least [`tile_cost`].
+    pub fn pick(&self, m: usize, n: usize) -> Option<GemmTile> {
+        if let Some(t) = tile_override().filter(|&t| self.has(t)) {
+            return Some(t);
+        }
+        GemmTile::ALL
+            .into_iter()
+            .filter(|&t| self.has(t))
+            .min_by(|&a, &b| {
+                let ca = tile_cost(a, m, n, self.sms, self.occupancy(a));
+                let cb = tile_cost(b, m, n, self.sms, self.occupancy(b));
+                ca.total_cmp(&cb)
+            })
     }
 }
 
@@ -175,7 +201,9 @@ impl CudaDevice {
             )
             .map_err(drv("reading the shared memory limit".to_string()))?
             .max(0) as usize;
+        let sms = self.sm_count()?;
         let mut fns: [Option<CudaFunction>; 4] = Default::default();
+        let mut occ = [0u32; 4];
         for t in GemmTile::ALL {
             let smem = t.smem_bytes(stages);
             if smem > optin {
@@ -199,6 +227,14 @@ impl CudaDevice {
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                 100,
             );
+            let (_, _, threads) = t.dims();
+            let o = f
+                .occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None)
+                .map_err(drv(format!("occupancy of {} ({})", spec.name, t.name())))?;
+            if o == 0 {
+                continue;
+            }
+            occ[t.index()] = o;
             fns[t.index()] = Some(f);
         }
         if fns.iter().all(Option::is_none) {
@@ -210,7 +246,13 @@ impl CudaDevice {
                 ),
             ));
         }
-        Ok(GemmPipe { spec, stages, fns })
+        Ok(GemmPipe {
+            spec,
+            stages,
+            sms,
+            fns,
+            occ,
+        })
     }
 
     /// `c[i * ldc + j] = sum_l a[i * k + l] * w[j * k + l]` for i < m, j < n: `a` bf16 `[m][k]`,
@@ -374,12 +416,32 @@ mod tests {
     }
 
     #[test]
-    fn pick_by_shape() {
-        if tile_override().is_some() {
-            return;
-        }
-        assert_eq!(pick_tile(17, 4096, 132), GemmTile::T64x128);
-        assert_eq!(pick_tile(512, 4096, 132), GemmTile::T128x128W4);
-        assert_eq!(pick_tile(4096, 24576, 132), GemmTile::T128x256);
+    fn cost_prefers_whole_waves_and_big_tiles() {
+        use GemmTile::*;
+        // H200-like: 132 SMs; occupancy 2 (128x128 w4), 1 (w8, 128x256), 3 (64x128)
+        let occ = |t: GemmTile| match t {
+            T128x128W4 => 2,
+            T128x128W8 | T128x256 => 1,
+            T64x128 => 3,
+        };
+        let best = |m: usize, n: usize| {
+            GemmTile::ALL
+                .into_iter()
+                .min_by(|&a, &b| {
+                    tile_cost(a, m, n, 132, occ(a)).total_cmp(&tile_cost(b, m, n, 132, occ(b)))
+                })
+                .unwrap()
+        };
+        // 512 x 4096: 128 CTAs of 128x128 fill the GPU once; 128x256 would leave half idle
+        assert_eq!(best(512, 4096), T128x128W4);
+        // many tiles: the bigger tile wins
+        assert_eq!(best(4096, 4096), T128x256);
+        assert_eq!(best(4096, 24576), T128x256);
+        // a few rows: 64-row tiles
+        assert_eq!(best(17, 4096), T64x128);
+        // cost grows with the work
+        assert!(
+            tile_cost(T128x128W4, 1024, 4096, 132, 2) > tile_cost(T128x128W4, 512, 4096, 132, 2)
+        );
     }
 }

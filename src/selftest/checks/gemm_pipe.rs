@@ -2,10 +2,10 @@
 //! of the same bf16 operands (`ops::gemm_ref::gemm_bf16`). Edge shapes: M = 1, 17, 129, 300
 //! (partial M tiles), N = 320 / 319 (partial N tiles, an odd N with a wider row stride whose
 //! extra columns must stay untouched), K = 1000 (a partial last K step) and 4096; plus
-//! 512 x 4096 x 4096 with the tile `pick_tile` chooses, checked on 24 spread rows and timed.
+//! 512 x 4096 x 4096 with the tile `GemmPipe::pick` chooses, checked on 24 spread rows and timed.
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::{pick_tile, CudaError, DevPtr, GemmTile};
+use crate::backend::cuda::{CudaError, DevPtr, GemmTile};
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::gemm_ref::gemm_bf16;
 use rand::Rng;
@@ -86,13 +86,10 @@ impl KernelCheck for GemmPipeCheck {
         let want = gemm_bf16(&a, &w, n, k, &rows);
         let (da, dw) = (cx.dev.upload(&a)?, cx.dev.upload(&w)?);
         let dc = cx.dev.filled_f32(m * n, f32::NAN)?;
-        let sms = cx.dev.sm_count()?;
-        let tile = g
-            .usable(pick_tile(m, n, sms))
-            .ok_or_else(|| CudaError::Invalid {
-                op: "selftest",
-                detail: "gemm_pipe: no usable tile".into(),
-            })?;
+        let tile = g.pick(m, n).ok_or_else(|| CudaError::Invalid {
+            op: "selftest",
+            detail: "gemm_pipe: no usable tile".into(),
+        })?;
         let (pa, pw, pc) = (DevPtr::of(&da), DevPtr::of(&dw), DevPtr::of(&dc));
         cx.dev.gemm_pipe_ptr(&g, tile, pa, pw, pc, (m, n, k), n)?;
         let got = cx.dev.download(&dc)?;

@@ -15,7 +15,7 @@
 //! the caller falls back to `gemm` / the GEMV.
 
 use super::super::buf::DevPtr;
-use super::super::launch_gemm::{pick_tile, GemmPipe, GEMM_PIPE_BK};
+use super::super::launch_gemm::{GemmPipe, GEMM_PIPE_BK};
 use super::super::types::{GpuTensor, WeightView};
 use super::super::weight_block;
 use super::linear::{slice, sub};
@@ -91,7 +91,7 @@ impl CudaBackend {
         let call = slice(c.f32(), n * out)?;
         let launch = |w16: DevPtr<u16>, c0: usize, rows: usize| -> Result<()> {
             let tile = g
-                .usable(pick_tile(n, rows, self.sms))
+                .pick(n, rows)
                 .ok_or_else(|| BackendError::Device("gemm_pipe: no usable tile".into()))?;
             let cp = sub(call, c0, (n - 1) * out + rows)?;
             self.dev
