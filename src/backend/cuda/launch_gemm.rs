@@ -37,14 +37,18 @@ pub enum GemmTile {
     T128x256,
     /// 64 x 128, 4 warps of 32 x 64 (`__m64`), for M <= 64.
     T64x128,
+    /// 128 x 128, 8 warps: 2 x 2 of 64 x 64, each k16 step of a K step on its own 4 warps,
+    /// partial sums added at the end (`__k2`).
+    T128x128K2,
 }
 
 impl GemmTile {
-    pub const ALL: [GemmTile; 4] = [
+    pub const ALL: [GemmTile; 5] = [
         GemmTile::T128x128W4,
         GemmTile::T128x128W8,
         GemmTile::T128x256,
         GemmTile::T64x128,
+        GemmTile::T128x128K2,
     ];
 
     /// Entry suffix in the module (None: the main entry).
@@ -54,6 +58,7 @@ impl GemmTile {
             GemmTile::T128x128W8 => Some("w8"),
             GemmTile::T128x256 => Some("n256"),
             GemmTile::T64x128 => Some("m64"),
+            GemmTile::T128x128K2 => Some("k2"),
         }
     }
 
@@ -64,6 +69,7 @@ impl GemmTile {
             GemmTile::T128x128W8 => "128x128w8",
             GemmTile::T128x256 => "128x256",
             GemmTile::T64x128 => "64x128",
+            GemmTile::T128x128K2 => "128x128k2",
         }
     }
 
@@ -78,6 +84,7 @@ impl GemmTile {
             GemmTile::T128x128W8 => (128, 128, 256),
             GemmTile::T128x256 => (128, 256, 256),
             GemmTile::T64x128 => (64, 128, 128),
+            GemmTile::T128x128K2 => (128, 128, 256),
         }
     }
 
@@ -96,12 +103,14 @@ impl GemmTile {
 }
 
 /// Relative mma throughput of an SM running `tile` (1.0 = the best). Estimates from the bytes
-/// each tile moves per FMA (shared memory, ldmatrix + cp.async: 128x256 0.084, 128x128 w4
-/// 0.094, w8 0.125, 64x128 0.137; L2 -> SM: 0.023, 0.031, 0.031, 0.046), not yet measured:
-/// tune them from `examples/gemm_bench.rs`.
+/// each tile moves per FMA (shared memory, ldmatrix + cp.async: 128x256 0.084, 128x128 w4 and
+/// k2 0.094, w8 0.125, 64x128 0.137; L2 -> SM: 0.023, 0.031, 0.031, 0.046) and the warps an SM
+/// holds to hide latency (k2: 8 warps in one CTA), not yet measured: tune them from
+/// `examples/gemm_bench.rs`.
 pub fn tile_efficiency(tile: GemmTile) -> f64 {
     match tile {
         GemmTile::T128x256 => 1.0,
+        GemmTile::T128x128K2 => 0.9,
         GemmTile::T128x128W4 => 0.85,
         GemmTile::T128x128W8 => 0.8,
         GemmTile::T64x128 => 0.7,
@@ -138,9 +147,9 @@ pub struct GemmPipe {
     pub stages: usize,
     /// Multiprocessors of the device.
     pub sms: u32,
-    fns: [Option<CudaFunction>; 4],
+    fns: [Option<CudaFunction>; 5],
     /// CTAs of each tile resident per SM (the driver's occupancy calculator).
-    occ: [u32; 4],
+    occ: [u32; 5],
 }
 
 impl GemmPipe {
@@ -202,8 +211,8 @@ impl CudaDevice {
             .map_err(drv("reading the shared memory limit".to_string()))?
             .max(0) as usize;
         let sms = self.sm_count()?;
-        let mut fns: [Option<CudaFunction>; 4] = Default::default();
-        let mut occ = [0u32; 4];
+        let mut fns: [Option<CudaFunction>; 5] = Default::default();
+        let mut occ = [0u32; 5];
         for t in GemmTile::ALL {
             let smem = t.smem_bytes(stages);
             if smem > optin {
@@ -410,6 +419,7 @@ mod tests {
         }
         assert_eq!(GemmTile::T128x128W4.smem_bytes(4), 64 * 1024);
         assert_eq!(GemmTile::T128x256.smem_bytes(4), 96 * 1024);
+        assert_eq!(GemmTile::T128x128K2.smem_bytes(3), 48 * 1024);
         assert_eq!(GemmTile::T128x128W4.smem_bytes(3), 48 * 1024);
         // the sm_121a instance (3 stages) fits two 128x128 CTAs in 100 KB
         assert!(2 * GemmTile::T128x128W4.smem_bytes(3) <= 100 * 1024);
@@ -421,7 +431,7 @@ mod tests {
         // H200-like: 132 SMs; occupancy 2 (128x128 w4), 1 (w8, 128x256), 3 (64x128)
         let occ = |t: GemmTile| match t {
             T128x128W4 => 2,
-            T128x128W8 | T128x256 => 1,
+            T128x128W8 | T128x256 | T128x128K2 => 1,
             T64x128 => 3,
         };
         let best = |m: usize, n: usize| {
@@ -432,8 +442,9 @@ mod tests {
                 })
                 .unwrap()
         };
-        // 512 x 4096: 128 CTAs of 128x128 fill the GPU once; 128x256 would leave half idle
-        assert_eq!(best(512, 4096), T128x128W4);
+        // 512 x 4096: 128 CTAs of 128x128 fill the GPU once (one per SM: the 8-warp sliced-K
+        // CTA); 128x256 would leave half idle
+        assert_eq!(best(512, 4096), T128x128K2);
         // many tiles: the bigger tile wins
         assert_eq!(best(4096, 4096), T128x256);
         assert_eq!(best(4096, 24576), T128x256);

@@ -214,7 +214,13 @@ mod tests {
             assert_eq!(got, want, "{ty:?}");
             // every group's quant for every Quant the op takes maps to a GGUF type
         }
-        for q in [Quant::Q8_0, Quant::Q4_0, Quant::Q5_0, Quant::Q4K, Quant::Q6K] {
+        for q in [
+            Quant::Q8_0,
+            Quant::Q4_0,
+            Quant::Q5_0,
+            Quant::Q4K,
+            Quant::Q6K,
+        ] {
             assert!(ggml(q).is_some());
         }
     }
