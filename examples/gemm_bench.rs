@@ -7,15 +7,16 @@
 //! 2. at M in {512, 4096} rows: `gemm_pipe` with every tile shape (`*` marks the one
 //!    `GemmPipe::pick` chooses), the older `gemm` bf16 kernel, and at M = 512 the older `gemm` Q4_0
 //!    kernel (dequantising in its tile loader): median us and TFLOPS (2 M N K / t);
-//! 3. the prefill path of a Q4_0 weight as `linear` runs it (dequant_bf16 into the scratch +
-//!    gemm_pipe with the picked tile; one chunk, as every shape here fits 128 MiB except
-//!    24576x4096, which runs as 2 chunks): us and effective TFLOPS.
+//! 3. the prefill path of a Q4_0 weight as `linear` runs it (dequant_bf16 of each chunk into
+//!    the scratch + gemm_pipe with the picked tile), with 128 MiB chunks (the default: one chunk
+//!    except 24576x4096, two) and 32 MiB chunks (`FUCINA_GEMM_SCRATCH_MB=32`, chunks that may
+//!    stay in L2): us and effective TFLOPS.
 //!
 //! Times are medians of CUDA-event-timed single launches (20 samples; 5 with --quick).
 
 use anyhow::Result;
 use cudarc::driver::{sys, CudaSlice};
-use fucina::backend::cuda::{CudaDevice, DevPtr, GemmTile, Kern};
+use fucina::backend::cuda::{chunk_rows, CudaDevice, DevPtr, GemmTile, Kern};
 use fucina::kernels::{BatchBucket, Op, Quant};
 use fucina::ops::qdot::random_weights;
 use fucina::quant::GgmlType;
@@ -137,29 +138,36 @@ fn main() -> Result<()> {
                     })?;
                     row("gemm q4_0 (old, dequant in loader)", ms);
                 }
-                // 3. the linear path for Q4_0: dequant (chunks within 128 MiB) + gemm_pipe
-                let cap = 128usize << 20;
-                let rows_per = if n * k * 2 <= cap { n } else { n.div_ceil(2) };
-                let scratch = dev.upload(&vec![0u16; rows_per * k])?;
-                let row_bytes = k / 32 * 18;
-                let ms = time_events(&dev, samples, || {
-                    let mut r0 = 0;
-                    while r0 < n {
-                        let rows = rows_per.min(n - r0);
-                        let wq = p(dwq)
-                            .slice(r0 * row_bytes, rows * row_bytes)
-                            .ok_or_else(|| anyhow::anyhow!("chunk out of range"))?;
-                        dev.dequant_bf16_ptr(kd, wq, p(&scratch), (rows, k))?;
-                        let t = g.pick(m, rows).ok_or_else(|| anyhow::anyhow!("no tile"))?;
-                        let cc = p(&c)
-                            .slice(r0, (m - 1) * n + rows)
-                            .ok_or_else(|| anyhow::anyhow!("c out of range"))?;
-                        dev.gemm_pipe_ptr(&g, t, p(&a), p(&scratch), cc, (m, rows, k), n)?;
-                        r0 += rows;
-                    }
-                    Ok(())
-                })?;
-                row("Q4_0 linear path (dequant + gemm_pipe)", ms);
+                // 3. the linear path for Q4_0: dequant chunks of at most `cap` bytes of bf16
+                //    (128 MiB: what linear uses; 32 MiB: chunks that may stay in L2) + gemm_pipe
+                for cap_mb in [128usize, 32] {
+                    let rows_per = chunk_rows(n, k, cap_mb << 20).min(n);
+                    let scratch = dev.upload(&vec![0u16; rows_per * k])?;
+                    let row_bytes = k / 32 * 18;
+                    let ms = time_events(&dev, samples, || {
+                        let mut r0 = 0;
+                        while r0 < n {
+                            let rows = rows_per.min(n - r0);
+                            let wq = p(dwq)
+                                .slice(r0 * row_bytes, rows * row_bytes)
+                                .ok_or_else(|| anyhow::anyhow!("chunk out of range"))?;
+                            dev.dequant_bf16_ptr(kd, wq, p(&scratch), (rows, k))?;
+                            let t = g.pick(m, rows).ok_or_else(|| anyhow::anyhow!("no tile"))?;
+                            let cc = p(&c)
+                                .slice(r0, (m - 1) * n + rows)
+                                .ok_or_else(|| anyhow::anyhow!("c out of range"))?;
+                            dev.gemm_pipe_ptr(&g, t, p(&a), p(&scratch), cc, (m, rows, k), n)?;
+                            r0 += rows;
+                        }
+                        Ok(())
+                    })?;
+                    row(
+                        &format!(
+                            "Q4_0 linear path, {cap_mb} MiB chunks of {rows_per} rows (dequant + gemm_pipe)"
+                        ),
+                        ms,
+                    );
+                }
             }
         }
     }

@@ -130,6 +130,18 @@ pub fn tile_cost(tile: GemmTile, m: usize, n: usize, sms: u32, occupancy: u32) -
     (waves * per_sm * bm * bn) as f64 / tile_efficiency(tile)
 }
 
+/// Weight rows per chunk of the prefill path (dequantise a chunk to bf16 scratch, GEMM it):
+/// `out` split evenly into as few chunks as keep `rows * k` bf16 within `cap` bytes, each a
+/// multiple of 128 rows (chunk offsets keep the C columns and the weight rows aligned); at
+/// least 128 rows.
+pub fn chunk_rows(out: usize, k: usize, cap: usize) -> usize {
+    let per_row = (k * 2).max(1);
+    let max_rows = ((cap / per_row) / 128 * 128).max(128);
+    let chunks = out.div_ceil(max_rows).max(1);
+    let rows = out.div_ceil(chunks).div_ceil(128) * 128;
+    rows.min(max_rows).min(out.div_ceil(128) * 128)
+}
+
 fn tile_override() -> Option<GemmTile> {
     static T: std::sync::OnceLock<Option<GemmTile>> = std::sync::OnceLock::new();
     *T.get_or_init(|| {

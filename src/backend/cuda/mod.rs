@@ -32,7 +32,7 @@ pub use error::CudaError;
 pub use launch::{GluShape, RopeLaunch};
 pub use launch_attn::{AttnPrefillLaunch, KvLayout};
 pub use launch_decode::{AttnDecodeLaunch, AttnScratch};
-pub use launch_gemm::{tile_cost, tile_efficiency, GemmPipe, GemmTile, GEMM_PIPE_BK};
+pub use launch_gemm::{chunk_rows, tile_cost, tile_efficiency, GemmPipe, GemmTile, GEMM_PIPE_BK};
 pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
 pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
 pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, NormWeightPtr};

@@ -65,7 +65,7 @@ impl CudaBackend {
         if n <= 8 {
             return self.gemv_rows(x.ptr(), n, v.data, v.quant, (out, k));
         }
-        if let Some(y) = self.linear_pipe(x, &v, super::linear_pipe::GEMM_SCRATCH_BYTES)? {
+        if let Some(y) = self.linear_pipe(x, &v, super::linear_pipe::gemm_scratch_bytes())? {
             return Ok(y);
         }
         if has_gemm(v.quant) && k % 8 == 0 {

@@ -5,7 +5,7 @@
 //! - GGUF block weights (Q8_0 Q4_0 Q5_0 Q4_K Q6_K): `dequant_bf16` turns a chunk of output rows
 //!   into a pooled bf16 scratch, then the GEMM writes that chunk's columns of the output (row
 //!   stride = all outputs). Chunks split the rows evenly so that the scratch stays within
-//!   [`GEMM_SCRATCH_BYTES`] (an LM head of 151936 x 4096 runs as 10 chunks, not one 1.2 GB
+//!   [`gemm_scratch_bytes`] (128 MiB; an LM head of 151936 x 4096 runs as 10 chunks, not one 1.2 GB
 //!   copy). Scratch requests above 1/16 of the cap take the whole cap, so one pooled buffer
 //!   serves every large weight of a model.
 //!
@@ -15,7 +15,7 @@
 //! the caller falls back to `gemm` / the GEMV.
 
 use super::super::buf::DevPtr;
-use super::super::launch_gemm::{GemmPipe, GEMM_PIPE_BK};
+use super::super::launch_gemm::{chunk_rows, GemmPipe, GEMM_PIPE_BK};
 use super::super::types::{GpuTensor, WeightView};
 use super::super::weight_block;
 use super::linear::{slice, sub};
@@ -23,8 +23,18 @@ use super::CudaBackend;
 use crate::backend::{BackendError, Result};
 use crate::kernels::{BatchBucket, Op, Quant};
 
-/// Most bytes of bf16 weight scratch one `linear` holds.
-pub const GEMM_SCRATCH_BYTES: usize = 128 << 20;
+/// Most bytes of bf16 weight scratch one `linear` holds (`FUCINA_GEMM_SCRATCH_MB` overrides,
+/// for measurements: smaller chunks may stay in L2 between the dequantisation and the GEMM).
+pub fn gemm_scratch_bytes() -> usize {
+    static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *B.get_or_init(|| {
+        std::env::var("FUCINA_GEMM_SCRATCH_MB")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .filter(|&mb| mb > 0)
+            .map_or(128 << 20, |mb| mb << 20)
+    })
+}
 
 /// Whether `q` has a `gemm_pipe` path (bf16 in place, or through `dequant_bf16`).
 pub(crate) fn has_pipe(q: Quant) -> bool {
@@ -32,18 +42,6 @@ pub(crate) fn has_pipe(q: Quant) -> bool {
         q,
         Quant::Bf16 | Quant::Q8_0 | Quant::Q4_0 | Quant::Q5_0 | Quant::Q4K | Quant::Q6K
     )
-}
-
-/// Output rows per chunk: `out` split evenly into as few chunks as keep `rows * k` bf16 within
-/// `cap` bytes, each a multiple of 128 rows (the GEMM's N tile; chunk offsets keep the C
-/// columns and the weight rows aligned). At least 128 rows.
-pub(crate) fn chunk_rows(out: usize, k: usize, cap: usize) -> usize {
-    let per_row = (k * 2).max(1);
-    let max_rows = (cap / per_row) / 128 * 128;
-    let max_rows = max_rows.max(128);
-    let chunks = out.div_ceil(max_rows).max(1);
-    let rows = out.div_ceil(chunks).div_ceil(128) * 128;
-    rows.min(max_rows).min(out.div_ceil(128) * 128)
 }
 
 impl CudaBackend {
@@ -129,7 +127,7 @@ impl CudaBackend {
 
     /// `x @ w^T` through `gemm_pipe` (n > 8 rows), with `scratch_cap` bytes of weight scratch at
     /// most: an error where that path does not apply. For checks and benchmarks; models call
-    /// `linear`, which takes this path for n > 8 with [`GEMM_SCRATCH_BYTES`].
+    /// `linear`, which takes this path for n > 8 with [`gemm_scratch_bytes`].
     #[doc(hidden)]
     pub fn linear_gemm_pipe(
         &self,
@@ -166,7 +164,7 @@ mod tests {
 
     #[test]
     fn chunks_stay_under_the_cap_and_split_evenly() {
-        let cap = GEMM_SCRATCH_BYTES;
+        let cap = 128 << 20;
         // LM head 151936 x 4096: 10 chunks of 15232 rows
         let r = chunk_rows(151_936, 4096, cap);
         assert!(r * 4096 * 2 <= cap && r % 128 == 0);
