@@ -3,6 +3,8 @@
 #   scripts/gpu-check.sh selftest            kernel + backend-op + model tables
 #   scripts/gpu-check.sh bench NAME QUANT    synthesise NAME at QUANT, measure, delete the file
 #   scripts/gpu-check.sh serve MODEL.gguf    server on the GPU answering the OpenAI SDK
+#   scripts/gpu-check.sh gemm                prefill GEMM bench (examples/gemm_bench, binary at
+#                                            $GEMM_BENCH, default /tmp/gemm_bench)
 # Expects the release binary at $FUCINA (default /tmp/fucina) and writes logs under $OUT.
 set -u
 FUCINA=${FUCINA:-/tmp/fucina}
@@ -55,8 +57,13 @@ PY
     wait $pid 2>/dev/null
     grep -iE "error|panic|context|loading|tok/s" "$OUT/serve.log" | tail -15
     ;;
+gemm)
+    "${GEMM_BENCH:-/tmp/gemm_bench}" >"$OUT/gemm_bench.log" 2>&1
+    echo "gemm_bench rc=$?"
+    cat "$OUT/gemm_bench.log"
+    ;;
 *)
-    echo "usage: $0 selftest | bench NAME QUANT [args] | serve MODEL.gguf" >&2
+    echo "usage: $0 selftest | bench NAME QUANT [args] | serve MODEL.gguf | gemm" >&2
     exit 2
     ;;
 esac

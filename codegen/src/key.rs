@@ -95,6 +95,11 @@ key_enum! {
         MoeGemv => "moe_gemv",
         /// MoE output: weighted sum of the slots' expert outputs per token.
         MoeCombine => "moe_combine",
+        /// A weight matrix in its stored format to row-major bf16 (the prefill GEMM's operand).
+        DequantBf16 => "dequant_bf16",
+        /// Prefill GEMM over bf16 operands: multi-stage cp.async pipeline, mma.sync, several
+        /// tile shapes (suffixed entries).
+        GemmPipe => "gemm_pipe",
     }
 }
 

@@ -117,6 +117,28 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             }
             Ok(())
         }
+        Op::DequantBf16 => {
+            // GGUF block formats and the float formats a weight can be stored in
+            quant_in(
+                key,
+                &[
+                    Quant::F32,
+                    Quant::F16,
+                    Quant::Q8_0,
+                    Quant::Q4_0,
+                    Quant::Q5_0,
+                    Quant::Q4K,
+                    Quant::Q6K,
+                ],
+            )?;
+            any_hd(key)?;
+            any_bs(key)
+        }
+        Op::GemmPipe => {
+            quant_in(key, &[Quant::Bf16])?;
+            any_hd(key)?;
+            any_bs(key)
+        }
         Op::AttnDecode => {
             quant_in(key, &[Quant::Fp8E4m3, Quant::F16, Quant::Bf16, Quant::F32])?;
             if key.head_dim == HeadDim::Any {

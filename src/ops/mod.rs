@@ -15,6 +15,7 @@ pub use norm::{rms_norm, NormWeight};
 pub use rope::{rope, RopeLayout, RopeSpec};
 pub use softmax::{log_softmax, softmax};
 pub mod attention_ref;
+pub mod gemm_ref;
 pub mod penalties;
 pub mod qdot;
 pub mod sample;

@@ -8,7 +8,8 @@
 //!   f64 sums and angles);
 //! - linear, n <= 8 (GEMV), block formats vs `CpuBackend::int8()` (same int8 activations): 1e-3;
 //!   float formats vs `CpuBackend::new()`: 1e-4;
-//! - linear, n > 8, GEMM formats (bf16 activations, weights as bf16 tiles) vs the f32 reference:
+//! - linear, n > 8, GEMM formats (bf16 activations, weights as bf16: `gemm_pipe`, block formats
+//!   dequantised chunk by chunk, the chunked rows with a 1 MiB scratch) vs the f32 reference:
 //!   3e-2 (bf16 rounding of both operands, ~2^-9 per product; an indexing bug gives O(1));
 //!   F32/F16 (GEMV in chunks of 8): 1e-4;
 //! - linear of a Q5_K weight (no kernels: stored as F16 at upload) vs the f32 reference: 4e-3.
@@ -102,6 +103,7 @@ pub fn run(dev: std::sync::Arc<CudaDevice>, seed: u64) -> R<Vec<OpRow>> {
         rows: Vec::new(),
     };
     linear_cases(&mut cx);
+    linear_pipe_cases(&mut cx);
     embed_cases(&mut cx);
     elementwise_cases(&mut cx);
     shape_cases(&mut cx);
@@ -201,6 +203,33 @@ fn linear_cases(cx: &mut Ctx) {
                 },
             );
         }
+    }
+}
+
+/// `linear` through `gemm_pipe` with a 1 MiB weight scratch: 1000 outputs of 1024 inputs run
+/// as two chunks of 512 rows (the second partial), 300 rows of x (a partial M tile).
+fn linear_pipe_cases(cx: &mut Ctx) {
+    let (out, k, n) = (1000usize, 1024usize, 300usize);
+    for ty in [
+        GgmlType::BF16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+    ] {
+        let name = format!("linear {} n={n} ({out}x{k}) gemm_pipe, 2 chunks", ty.name());
+        let x = uniform(&mut cx.rng, n * k, -1.0, 1.0);
+        let w = random_weights(ty, out, k, &mut cx.rng);
+        cx.case(name, 3e-2, |cx| {
+            let w = w?;
+            let r = tref("w", ty, vec![out, k], &w);
+            let (gw, cw) = (cx.gpu.upload(&r)?, cx.cpu.upload(&r)?);
+            let (gx, cxt) = cx.t2(&x, n, k)?;
+            let got = host(&cx.gpu, &cx.gpu.linear_gemm_pipe(&gx, &gw, 1 << 20)?)?;
+            let want = cx.cpu.linear(&cxt, &cw)?.data;
+            Ok((got, want))
+        });
     }
 }
 

@@ -4,9 +4,11 @@ mod attn_decode;
 mod attn_prefill;
 mod cast_bf16;
 mod convert;
+mod dequant_bf16;
 mod embed;
 mod ewise;
 mod gemm;
+mod gemm_pipe;
 mod gemv;
 mod glu;
 mod kv_write;
@@ -32,6 +34,8 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &gemv::QuantizeQ8Check,
         &gemv::GemvCheck,
         &gemm::GemmCheck,
+        &gemm_pipe::GemmPipeCheck,
+        &dequant_bf16::DequantBf16Check,
         &attn_decode::AttnDecodeCheck,
         &attn_prefill::AttnPrefillCheck,
         &kv_write::KvWriteCheck,

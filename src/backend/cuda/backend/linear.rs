@@ -4,9 +4,10 @@
 //!   first quantise the activations to int8 per 32 (`quantize_q8`). When n is not a bucket the
 //!   rows are padded with zeros (the GEMV reads `bucket` rows of x, `[bucket][k]`, and writes
 //!   `bucket` rows of y; the tensor returned is the first n rows of that buffer).
-//! - n > 8: activations to bf16 (`cast_bf16`) and the tensor-core GEMM of the weight format
-//!   (bf16 and the GGUF block formats); formats without a GEMM instance (F32, F16) run the
-//!   batch-8 GEMV over chunks of 8 rows.
+//! - n > 8: activations to bf16 (`cast_bf16`) and the tensor-core GEMM: `gemm_pipe` over bf16
+//!   weights, or over GGUF block weights dequantised to bf16 chunk by chunk (`linear_pipe.rs`);
+//!   shapes it does not take go to the per-format `gemm` (dequantising tiles in its loader);
+//!   formats without a GEMM (F32, F16) run the batch-8 GEMV over chunks of 8 rows.
 //!
 //! The n = 1 path allocates only from the pool and copies nothing from the host.
 
@@ -63,6 +64,9 @@ impl CudaBackend {
         }
         if n <= 8 {
             return self.gemv_rows(x.ptr(), n, v.data, v.quant, (out, k));
+        }
+        if let Some(y) = self.linear_pipe(x, &v, super::linear_pipe::gemm_scratch_bytes())? {
+            return Ok(y);
         }
         if has_gemm(v.quant) && k % 8 == 0 {
             if let Ok(g) = self.kern(Op::Gemm, v.quant, BatchBucket::Any) {

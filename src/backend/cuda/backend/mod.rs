@@ -11,6 +11,7 @@
 
 mod elementwise;
 mod linear;
+mod linear_pipe;
 mod step;
 mod weights;
 
@@ -43,6 +44,8 @@ pub struct CudaBackend {
     sms: u32,
     /// Resolved kernels by (op, quant, batch).
     kernels: Mutex<HashMap<(Op, Quant, BatchBucket), Kern>>,
+    /// The prefill GEMM's tile entries, loaded on first use (None: not on this device).
+    gemm_pipe: std::sync::OnceLock<Option<super::GemmPipe>>,
     /// Token ids and positions of the current forward pass.
     step: Mutex<StepState>,
     /// RoPE frequency divisors on the device, keyed by their bits.
@@ -83,6 +86,7 @@ impl CudaBackend {
             kv_type,
             sms,
             kernels: Mutex::new(HashMap::new()),
+            gemm_pipe: std::sync::OnceLock::new(),
             step: Mutex::new(StepState::default()),
             freq: Mutex::new(HashMap::new()),
             progress: Arc::new(AtomicUsize::new(0)),

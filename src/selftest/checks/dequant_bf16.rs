@@ -1,0 +1,227 @@
+//! Weight matrix -> bf16 (`dequant_bf16`) vs `ops::gemm_ref::dequant_bf16` (the CPU dequantiser
+//! rounded to nearest even): bit-exact over every element, on a small odd-row matrix, one with
+//! hand-placed rounding ties (f32) and a 4096 x 4096 one (timed).
+
+use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
+use crate::backend::cuda::{CudaError, DevPtr, Kern};
+use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
+use crate::ops::gemm_ref::dequant_bf16;
+use crate::ops::qdot::random_weights;
+use crate::quant::{bf16_to_f32, GgmlType};
+
+pub struct DequantBf16Check;
+
+fn ggml(q: Quant) -> Option<GgmlType> {
+    Some(match q {
+        Quant::F32 => GgmlType::F32,
+        Quant::F16 => GgmlType::F16,
+        Quant::Q8_0 => GgmlType::Q8_0,
+        Quant::Q4_0 => GgmlType::Q4_0,
+        Quant::Q5_0 => GgmlType::Q5_0,
+        Quant::Q4K => GgmlType::Q4K,
+        Quant::Q6K => GgmlType::Q6K,
+        _ => return None,
+    })
+}
+
+/// Bits equal everywhere: 0; else the value metric, at least 1 (a signed zero or NaN payload
+/// that differs still fails).
+fn compare_bits(got: &[u16], want: &[u16]) -> Comparison {
+    let gf: Vec<f32> = got.iter().map(|&b| bf16_to_f32(b)).collect();
+    let wf: Vec<f32> = want.iter().map(|&b| bf16_to_f32(b)).collect();
+    let mut c = Comparison::new(&gf, &wf);
+    if got.len() != want.len() || got.iter().zip(want).any(|(g, w)| g != w) {
+        c.max_rel_err = c.max_rel_err.max(1.0);
+    }
+    c
+}
+
+impl KernelCheck for DequantBf16Check {
+    fn name(&self) -> &'static str {
+        "dequant_bf16"
+    }
+    fn covers(&self, key: &KernelKey) -> bool {
+        key.op == Op::DequantBf16
+    }
+    fn bound(&self, _: &KernelKey) -> f64 {
+        0.0
+    }
+    fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
+        let bad = |e: String| CudaError::Invalid {
+            op: "selftest",
+            detail: e,
+        };
+        let ty = ggml(spec.key.quant)
+            .ok_or_else(|| bad(format!("no GGUF type for {}", spec.key.quant)))?;
+        let kern = Kern {
+            spec,
+            f: cx.dev.function(spec)?,
+        };
+        let mut cmp = Comparison::default();
+        let mut micros = 0.0;
+        for (rows, k) in [(37usize, 512usize), (3, 256), (4096, 4096)] {
+            let mut wb =
+                random_weights(ty, rows, k, &mut cx.rng).map_err(|e| bad(e.to_string()))?;
+            if ty == GgmlType::F32 && rows == 3 {
+                // exact ties (low half 0x8000) both ways, and signed zeros
+                for (i, c) in wb.chunks_exact_mut(4).enumerate().take(64) {
+                    let v = 0x3f80_8000u32 + ((i as u32) << 16);
+                    c.copy_from_slice(&v.to_le_bytes());
+                }
+                wb[64 * 4..65 * 4].copy_from_slice(&(-0.0f32).to_le_bytes());
+            }
+            let want = dequant_bf16(ty, &wb, rows * k).map_err(|e| bad(e.to_string()))?;
+            let dw = cx.dev.upload(&wb)?;
+            let out = cx.dev.upload(&vec![0xffffu16; rows * k])?;
+            let (pw, po) = (DevPtr::of(&dw), DevPtr::of(&out));
+            cx.dev.dequant_bf16_ptr(&kern, pw, po, (rows, k))?;
+            let got = cx.dev.download(&out)?;
+            cmp = cmp.merge(compare_bits(&got, &want));
+            if rows == 4096 {
+                let dev = cx.dev;
+                micros = time_us(dev, cx.iters, || {
+                    dev.dequant_bf16_ptr(&kern, pw, po, (rows, k))
+                })?;
+            }
+        }
+        Ok(Measured { cmp, micros })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A line-by-line model of `ops/dequant_bf16.cu.tera` (one group of 8 elements per call,
+    //! the same byte offsets and f32 operations) checked against the CPU dequantiser: the
+    //! kernel's index math, verified without a GPU.
+    use super::*;
+    use crate::quant::f16_to_f32;
+    use rand::SeedableRng;
+
+    fn u16_at(w: &[u8], p: usize) -> u32 {
+        u16::from_le_bytes([w[p], w[p + 1]]) as u32
+    }
+    fn ld8(w: &[u8], p: usize) -> [u32; 8] {
+        std::array::from_fn(|i| w[p + i] as u32)
+    }
+    fn h(w: &[u8], p: usize) -> f32 {
+        f16_to_f32(u16_at(w, p) as u16)
+    }
+
+    fn group(ty: GgmlType, w: &[u8], g: usize) -> [f32; 8] {
+        let mut v = [0f32; 8];
+        match ty {
+            GgmlType::Q8_0 => {
+                let b = (g >> 2) * 34;
+                let q = g & 3;
+                let d = h(w, b);
+                let x = ld8(w, b + 2 + q * 8);
+                for i in 0..8 {
+                    v[i] = d * (x[i] as u8 as i8) as f32;
+                }
+            }
+            GgmlType::Q4_0 => {
+                let b = (g >> 2) * 18;
+                let q = g & 3;
+                let d = h(w, b);
+                let x = ld8(w, b + 2 + (q & 1) * 8);
+                let sh = (q >> 1) * 4;
+                for i in 0..8 {
+                    v[i] = d * (((x[i] >> sh) & 15) as i32 - 8) as f32;
+                }
+            }
+            GgmlType::Q5_0 => {
+                let b = (g >> 2) * 22;
+                let q = g & 3;
+                let d = h(w, b);
+                let qh = u16_at(w, b + 2) | (u16_at(w, b + 4) << 16);
+                let x = ld8(w, b + 6 + (q & 1) * 8);
+                let sh = (q >> 1) * 4;
+                for i in 0..8 {
+                    let j = q * 8 + i;
+                    let e = ((x[i] >> sh) & 15) | (((qh >> j) & 1) << 4);
+                    v[i] = d * (e as i32 - 16) as f32;
+                }
+            }
+            GgmlType::Q4K => {
+                let b = (g >> 5) * 144;
+                let r = g & 31;
+                let (s, q) = (r >> 2, r & 3);
+                let sc = |i: usize| w[b + 4 + i] as u32;
+                let (a, m) = if s < 4 {
+                    (sc(s) & 63, sc(s + 4) & 63)
+                } else {
+                    (
+                        (sc(s + 4) & 15) | ((sc(s - 4) >> 6) << 4),
+                        (sc(s + 4) >> 4) | ((sc(s) >> 6) << 4),
+                    )
+                };
+                let dl = h(w, b) * a as f32;
+                let ml = h(w, b + 2) * m as f32;
+                let x = ld8(w, b + 16 + (s >> 1) * 32 + q * 8);
+                let sh = (s & 1) * 4;
+                for i in 0..8 {
+                    v[i] = dl * ((x[i] >> sh) & 15) as f32 - ml;
+                }
+            }
+            GgmlType::Q6K => {
+                let b = (g >> 5) * 210;
+                let e0 = (g & 31) * 8;
+                let (hf, k, l0) = (e0 >> 7, (e0 >> 5) & 3, e0 & 31);
+                let lo = ld8(w, b + hf * 64 + (k & 1) * 32 + l0);
+                let hi = ld8(w, b + 128 + hf * 32 + l0);
+                let ds = h(w, b + 208) * (w[b + 192 + (e0 >> 4)] as i8) as f32;
+                let sh = (k >> 1) * 4;
+                for i in 0..8 {
+                    let x = ((lo[i] >> sh) & 15) | (((hi[i] >> (2 * k)) & 3) << 4);
+                    v[i] = ds * (x as i32 - 32) as f32;
+                }
+            }
+            GgmlType::F16 => {
+                for (i, o) in v.iter_mut().enumerate() {
+                    *o = h(w, g * 16 + 2 * i);
+                }
+            }
+            GgmlType::F32 => {
+                for (i, o) in v.iter_mut().enumerate() {
+                    let p = g * 32 + 4 * i;
+                    *o = f32::from_le_bytes([w[p], w[p + 1], w[p + 2], w[p + 3]]);
+                }
+            }
+            other => panic!("no kernel for {other:?}"),
+        }
+        v
+    }
+
+    #[test]
+    fn kernel_model_matches_the_cpu_dequantiser_bit_for_bit() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::F16,
+            GgmlType::F32,
+        ] {
+            let (rows, k) = (5usize, 512usize);
+            let w = random_weights(ty, rows, k, &mut rng).unwrap();
+            let want = dequant_bf16(ty, &w, rows * k).unwrap();
+            let got: Vec<u16> = (0..rows * k / 8)
+                .flat_map(|g| group(ty, &w, g))
+                .map(|v| half::bf16::from_f32(v).to_bits())
+                .collect();
+            assert_eq!(got, want, "{ty:?}");
+            // every group's quant for every Quant the op takes maps to a GGUF type
+        }
+        for q in [
+            Quant::Q8_0,
+            Quant::Q4_0,
+            Quant::Q5_0,
+            Quant::Q4K,
+            Quant::Q6K,
+        ] {
+            assert!(ggml(q).is_some());
+        }
+    }
+}
