@@ -95,6 +95,12 @@ key_enum! {
         MoeGemv => "moe_gemv",
         /// MoE output: weighted sum of the slots' expert outputs per token.
         MoeCombine => "moe_combine",
+        /// MoE prefill: (token, slot) pairs grouped by expert on the device (counts, offsets,
+        /// permutation, row tiles) for the grouped expert GEMM.
+        MoeGroup => "moe_group",
+        /// MoE prefill: grouped expert GEMM over all experts in one launch (tensor cores,
+        /// GGUF expert banks dequantised in the loader; gate+up with the GLU fused, down).
+        MoeGemm => "moe_gemm",
     }
 }
 
