@@ -81,12 +81,7 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             any_hd(key)?;
             any_bs(key)
         }
-        Op::Sample
-        | Op::Penalties
-        | Op::Convert
-        | Op::MoeRoute
-        | Op::MoeCombine
-        | Op::MoeGroup => {
+        Op::Sample | Op::Penalties | Op::Convert | Op::MoeRoute | Op::MoeCombine | Op::MoeGroup => {
             quant_in(key, &[Quant::F32])?;
             any_hd(key)?;
             any_bs(key)

@@ -20,10 +20,10 @@ use rand::{Rng, SeedableRng};
 
 use super::check::{uniform, Comparison};
 use super::checks::moe::{cpu_moe, make_case_with, CaseSpec};
-use crate::kernels::Quant;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaDevice, GpuTensor, KvType};
 use crate::backend::{Activation, Backend, Norm, Rope};
+use crate::kernels::Quant;
 use crate::ops::qdot::random_weights;
 use crate::ops::RopeLayout;
 use crate::quant::GgmlType;
@@ -536,10 +536,19 @@ fn moe_specs() -> Vec<(usize, CaseSpec)> {
     vec![
         // Qwen3-30B-A3B's mix (Q4_K gate/up, Q6_K down) and routing density (E 128, top-8)
         (64, s(32, 4, Quant::Q4K, Quant::Q6K, Activation::Silu, true)),
-        (512, s(128, 8, Quant::Q4K, Quant::Q6K, Activation::Silu, true)),
+        (
+            512,
+            s(128, 8, Quant::Q4K, Quant::Q6K, Activation::Silu, true),
+        ),
         // the 32-blocks, GeGLU, no renormalisation
-        (200, s(32, 8, Quant::Q4_0, Quant::Q8_0, Activation::GeluTanh, false)),
-        (77, s(16, 2, Quant::Q8_0, Quant::Q4_0, Activation::Silu, true)),
+        (
+            200,
+            s(32, 8, Quant::Q4_0, Quant::Q8_0, Activation::GeluTanh, false),
+        ),
+        (
+            77,
+            s(16, 2, Quant::Q8_0, Quant::Q4_0, Activation::Silu, true),
+        ),
     ]
 }
 
@@ -648,7 +657,8 @@ mod tests {
                 let q = [spec.q_gate_up, spec.q_gate_up, spec.q_down];
                 assert_eq!(moe_path(n, &dims, q), MoePath::Grouped, "{spec:?}");
                 let c = make_case_with(&mut rng, 24, &spec).unwrap();
-                let cmp = Comparison::new(&gpu_model(&c, Mode::Bf16).unwrap(), &cpu_moe(&c).unwrap());
+                let cmp =
+                    Comparison::new(&gpu_model(&c, Mode::Bf16).unwrap(), &cpu_moe(&c).unwrap());
                 assert_eq!(cmp.unwritten, 0);
                 eprintln!("{spec:?}: bf16 model vs cpu {:.3e}", cmp.max_rel_err);
                 worst = worst.max(cmp.max_rel_err);

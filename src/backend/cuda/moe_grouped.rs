@@ -57,7 +57,12 @@ pub fn grouped_max_tiles(pairs: usize, e: usize, bm: usize) -> usize {
 /// position of each expert, then the number of pairs with an id in `0..e`) and the tile table
 /// padded to `max_tiles` entries (`[expert, row0, row1, 0]` in expert order, unused entries
 /// `[-1, 0, 0, 0]`; tiles past `max_tiles` are dropped).
-pub fn group_tiles(ids: &[i32], e: usize, bm: usize, max_tiles: usize) -> (Vec<usize>, Vec<[i32; 4]>) {
+pub fn group_tiles(
+    ids: &[i32],
+    e: usize,
+    bm: usize,
+    max_tiles: usize,
+) -> (Vec<usize>, Vec<[i32; 4]>) {
     let bm = bm.max(1);
     let mut counts = vec![0usize; e];
     for &id in ids {
@@ -91,7 +96,8 @@ pub fn grouped_ready(q: [Quant; 3], d: &MoeDims) -> bool {
         && fmt(q[0])
         && fmt(q[2])
         && d.ff % GLU_COLS == 0
-        && expert_bytes("moe", q[0], d.ff, d.hidden).is_ok_and(|b| b % 16 == 0 || q[0] != Quant::Q4K)
+        && expert_bytes("moe", q[0], d.ff, d.hidden)
+            .is_ok_and(|b| b % 16 == 0 || q[0] != Quant::Q4K)
         && expert_bytes("moe", q[2], d.out, d.ff).is_ok_and(|b| b % 16 == 0 || q[2] != Quant::Q4K)
         && d.hidden % 32 == 0
         && d.ff % 32 == 0
@@ -175,7 +181,10 @@ pub fn check_moe_gemm(
     }
     let eb = expert_bytes(OP, q, a.n, a.k)?;
     if a.k % 32 != 0 || (q == Quant::Q4K && eb % 16 != 0) {
-        return Err(invalid(OP, format!("k = {} / expert of {eb} bytes for {q}", a.k)));
+        return Err(invalid(
+            OP,
+            format!("k = {} / expert of {eb} bytes for {q}", a.k),
+        ));
     }
     if a.pairs == 0 || a.n_experts == 0 || a.top_k == 0 || a.max_tiles == 0 {
         return Err(invalid(
@@ -187,7 +196,10 @@ pub fn check_moe_gemm(
         ));
     }
     if glu && a.n % GLU_COLS != 0 {
-        return Err(invalid(OP, format!("ff = {} is not a multiple of {GLU_COLS}", a.n)));
+        return Err(invalid(
+            OP,
+            format!("ff = {} is not a multiple of {GLU_COLS}", a.n),
+        ));
     }
     let bank = eb
         .checked_mul(a.n_experts)
@@ -214,22 +226,24 @@ pub fn check_moe_gemm(
                 && out_len >= o
                 && a.perm.len() >= a.pairs
                 && a.tiles.len() / 4 >= a.max_tiles => {}
-        _ => {
-            return Err(invalid(
-                OP,
-                format!(
-                    "a {} (need {a_rows} x {}) / perm {} / tiles {} / out {out_len} for {} pairs x {}",
-                    a.a.len(),
-                    a.k,
-                    a.perm.len(),
-                    a.tiles.len(),
-                    a.pairs,
-                    a.n
-                ),
-            ))
-        }
+        _ => return Err(invalid(
+            OP,
+            format!(
+                "a {} (need {a_rows} x {}) / perm {} / tiles {} / out {out_len} for {} pairs x {}",
+                a.a.len(),
+                a.k,
+                a.perm.len(),
+                a.tiles.len(),
+                a.pairs,
+                a.n
+            ),
+        )),
     }
-    let cols = if glu { a.n / GLU_COLS } else { a.n.div_ceil(DOWN_COLS) };
+    let cols = if glu {
+        a.n / GLU_COLS
+    } else {
+        a.n.div_ceil(DOWN_COLS)
+    };
     if cols > 65_535 || a.max_tiles >= 1 << 31 {
         return Err(invalid(
             OP,
@@ -383,8 +397,13 @@ impl CudaDevice {
     ) -> Result<(), CudaError> {
         const OP: &str = "moe_gemm";
         expect(spec, Op::MoeGemm, OP)?;
-        let eb = check_moe_gemm(spec.key.quant, a, false, &[(bank.len(), bank.raw())], d.len())?
-            as i64;
+        let eb = check_moe_gemm(
+            spec.key.quant,
+            a,
+            false,
+            &[(bank.len(), bank.raw())],
+            d.len(),
+        )? as i64;
         let f = self.function_suffixed(spec, "down")?;
         let cfg = LaunchConfig {
             grid_dim: (a.max_tiles as u32, a.n.div_ceil(DOWN_COLS) as u32, 1),
@@ -608,7 +627,10 @@ mod tests {
         assert!(!grouped_ready([Quant::Bf16, Quant::Bf16, Quant::Bf16], &d));
         // ff not a multiple of 32 columns
         let odd = MoeDims { ff: 48, ..d };
-        assert!(!grouped_ready([Quant::Q8_0, Quant::Q8_0, Quant::Q8_0], &odd));
+        assert!(!grouped_ready(
+            [Quant::Q8_0, Quant::Q8_0, Quant::Q8_0],
+            &odd
+        ));
         let ok = MoeDims { ff: 96, ..d };
         assert!(grouped_ready([Quant::Q8_0, Quant::Q8_0, Quant::Q8_0], &ok));
     }
@@ -650,7 +672,9 @@ mod tests {
         );
         // short output, short bank, unaligned bank, short activations, short perm / tiles
         assert!(check_moe_gemm(Quant::Q4K, &a, true, &banks, pairs * ff - 1).is_err());
-        assert!(check_moe_gemm(Quant::Q4K, &a, true, &[(e * eb - 1, 0x10000)], pairs * ff).is_err());
+        assert!(
+            check_moe_gemm(Quant::Q4K, &a, true, &[(e * eb - 1, 0x10000)], pairs * ff).is_err()
+        );
         assert!(check_moe_gemm(Quant::Q4K, &a, true, &[(e * eb, 0x10008)], pairs * ff).is_err());
         let short_a = MoeGemmArgs {
             a: p(0x1000, (pairs / k) * hid - 1),
@@ -702,6 +726,16 @@ mod tests {
             pairs * 48
         )
         .is_err());
-        assert!(check_moe_gemm(Quant::Q8_0, &MoeGemmArgs { a: p(0x1000, pairs * 96), ..ff48 }, false, &[(q8b, 0x10000)], pairs * 48).is_ok());
+        assert!(check_moe_gemm(
+            Quant::Q8_0,
+            &MoeGemmArgs {
+                a: p(0x1000, pairs * 96),
+                ..ff48
+            },
+            false,
+            &[(q8b, 0x10000)],
+            pairs * 48
+        )
+        .is_ok());
     }
 }
