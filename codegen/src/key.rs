@@ -100,6 +100,12 @@ key_enum! {
         /// Prefill GEMM over bf16 operands: multi-stage cp.async pipeline, mma.sync, several
         /// tile shapes (suffixed entries).
         GemmPipe => "gemm_pipe",
+        /// MoE prefill: (token, slot) pairs grouped by expert on the device (counts, offsets,
+        /// permutation, row tiles) for the grouped expert GEMM.
+        MoeGroup => "moe_group",
+        /// MoE prefill: grouped expert GEMM over all experts in one launch (tensor cores,
+        /// GGUF expert banks dequantised in the loader; gate+up with the GLU fused, down).
+        MoeGemm => "moe_gemm",
     }
 }
 

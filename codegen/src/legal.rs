@@ -81,7 +81,7 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             any_hd(key)?;
             any_bs(key)
         }
-        Op::Sample | Op::Penalties | Op::Convert | Op::MoeRoute | Op::MoeCombine => {
+        Op::Sample | Op::Penalties | Op::Convert | Op::MoeRoute | Op::MoeCombine | Op::MoeGroup => {
             quant_in(key, &[Quant::F32])?;
             any_hd(key)?;
             any_bs(key)
@@ -103,6 +103,12 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             // the pair count (tokens x top-k) is a run-time value; float formats dot f32
             // activations, block formats int8 ones, as the dense gemv
             quant_in(key, GGUF_FORMATS)?;
+            any_hd(key)?;
+            any_bs(key)
+        }
+        Op::MoeGemm => {
+            // bf16 mma.sync (sm_80+) over the GGUF block formats its loader dequantises
+            quant_in(key, &[Quant::Q8_0, Quant::Q4_0, Quant::Q4K, Quant::Q6K])?;
             any_hd(key)?;
             any_bs(key)
         }
@@ -254,6 +260,33 @@ mod tests {
         assert!(check_legal(&KernelKey {
             batch: BatchBucket::B8,
             ..g
+        })
+        .is_err());
+        // grouped MoE prefill: the grouping is f32-keyed, the GEMM takes its four block formats
+        let grp = KernelKey {
+            op: Op::MoeGroup,
+            ..k
+        };
+        assert!(check_legal(&grp).is_ok());
+        assert!(check_legal(&KernelKey {
+            quant: Quant::Q4K,
+            ..grp
+        })
+        .is_err());
+        let mg = KernelKey {
+            op: Op::MoeGemm,
+            quant: Quant::Q4K,
+            ..k
+        };
+        assert!(check_legal(&mg).is_ok());
+        assert!(check_legal(&KernelKey {
+            quant: Quant::F16,
+            ..mg
+        })
+        .is_err());
+        assert!(check_legal(&KernelKey {
+            batch: BatchBucket::B8,
+            ..mg
         })
         .is_err());
     }

@@ -20,6 +20,7 @@ mod launch_linear;
 mod launch_moe;
 mod launch_ptr;
 pub mod moe;
+pub mod moe_grouped;
 mod moe_prefill;
 mod probe;
 mod sampler;

@@ -11,9 +11,11 @@
 //! 4. `quantize_q8` of h and `moe_gemv` over the down bank into `d` `[n*k, out]`;
 //! 5. `moe_combine`: `out[t] = sum_j w[t][j] * d[t*k + j]`.
 //!
-//! Prefill from [`PREFILL_GEMM_MIN_TOKENS`] tokens runs by expert on tensor cores (routing to the
-//! host, tokens gathered per expert, `gemm` per used expert: `moe_prefill.rs`) when the banks
-//! allow it. Otherwise, from [`ORDER_MIN_TOKENS`] tokens, the grouped GEMV still runs without a
+//! Prefill from [`PREFILL_GEMM_MIN_TOKENS`] tokens runs on tensor cores when the banks allow it:
+//! grouped on the device, one GEMM launch per projection over all experts (`moe_grouped.rs`,
+//! formats [`GROUPED_FORMATS`](super::moe_grouped::GROUPED_FORMATS)), else by expert with the
+//! routing sent to the host and a `gemm` per used expert (`moe_prefill.rs`, the fallback for the
+//! other GEMM formats). Otherwise, from [`ORDER_MIN_TOKENS`] tokens, the grouped GEMV still runs without a
 //! host round trip: the router's `__order` kernel sorts the (token, slot) pairs by expert on the device and
 //! the GEMV launches them in that order, so the pairs of one expert run back to back and read its
 //! matrices from L2 after the first. The cost: every pair still runs a full GEMV of its expert
@@ -46,6 +48,8 @@ pub enum MoePath {
     GemvOrdered,
     /// Routing to the host, tokens gathered per expert, tensor-core GEMMs (one sync).
     Gemm,
+    /// Grouped on the device, one tensor-core GEMM launch per projection (no sync).
+    Grouped,
 }
 
 /// The by-expert GEMM prefill is on unless `FUCINA_MOE_GEMM=0` (read once): a switch back to
@@ -55,11 +59,21 @@ pub fn prefill_gemm_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("FUCINA_MOE_GEMM").map_or(true, |v| v != "0"))
 }
 
+/// The device-grouped prefill is on unless `FUCINA_MOE_GROUPED=0` (read once): a switch back to
+/// the host-grouped per-expert GEMMs.
+pub fn prefill_grouped_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FUCINA_MOE_GROUPED").map_or(true, |v| v != "0"))
+}
+
 /// The path `moe` takes for `n` tokens over banks of these formats and shapes.
 pub fn moe_path(n: usize, d: &MoeDims, q: [Quant; 3]) -> MoePath {
+    use super::moe_grouped::grouped_ready;
     use super::moe_prefill::gemm_ready;
-    if n >= PREFILL_GEMM_MIN_TOKENS
-        && prefill_gemm_enabled()
+    let prefill = n >= PREFILL_GEMM_MIN_TOKENS && prefill_gemm_enabled();
+    if prefill && prefill_grouped_enabled() && grouped_ready(q, d) {
+        MoePath::Grouped
+    } else if prefill
         && gemm_ready(q[0], d.ff, d.hidden)
         && gemm_ready(q[1], d.ff, d.hidden)
         && gemm_ready(q[2], d.out, d.ff)
@@ -249,6 +263,17 @@ impl CudaDevice {
         )?;
 
         let path = moe_path(n, &d, [gate.quant, up.quant, down.quant]);
+        if path == MoePath::Grouped {
+            for w in [gate, up, down] {
+                if w.scales.is_some() {
+                    return Err(invalid(format!(
+                        "{} expert banks with block scales are not supported",
+                        w.quant
+                    )));
+                }
+            }
+            return self.moe_prefill_grouped(pool, x, &d, ids, wts, [gate, up, down], p.act);
+        }
         if path == MoePath::Gemm {
             return self.moe_prefill_gemm(pool, x, &d, ids, wts, [gate, up, down], p.act);
         }

@@ -13,7 +13,8 @@ mod gemv;
 mod glu;
 mod kv_write;
 mod l2_norm;
-mod moe;
+pub(super) mod moe;
+mod moe_grouped;
 mod penalties;
 mod read_bw;
 mod rmsnorm;
@@ -50,6 +51,8 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &moe::MoeRouteCheck,
         &moe::MoeGemvCheck,
         &moe::MoeCombineCheck,
+        &moe_grouped::MoeGroupCheck,
+        &moe_grouped::MoeGemmCheck,
     ]
 }
 

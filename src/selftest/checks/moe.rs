@@ -7,9 +7,11 @@
 //!   launch (token rows, interleaved outputs), down (pair rows, launched in reverse order through
 //!   `perm`), and out-of-range ids (zeros);
 //! - `moe_combine` vs an f64 weighted sum, and end to end `CudaDevice::moe` for n = 1, 4 (grouped
-//!   GEMV), 37 (GEMV, pairs ordered by expert) and 70 (by-expert tensor-core GEMM), E = 16, top-4
-//!   over random Q4_K / Q8_0 banks (gate/up Q4_K + down Q8_0 with SwiGLU and renormalisation;
-//!   gate/up Q8_0 + down Q4_K with GeGLU, no renormalisation): against a host model of the
+//!   GEMV), 37 (GEMV, pairs ordered by expert) and 70 (tensor-core GEMMs: grouped on the device,
+//!   or by expert with a host round trip for gate/up formats without a grouped GEMM), E = 16,
+//!   top-4 over random banks (gate/up Q4_K + down Q8_0 with SwiGLU and renormalisation; gate/up
+//!   Q8_0 + down Q4_K with GeGLU, no renormalisation; gate/up Q5_0 + down Q6_K, SwiGLU, the
+//!   host-grouped GEMM at n = 70): against a host model of the
 //!   path's arithmetic (same routing; int8 activations for the GEMV, bf16 activations and
 //!   weights for the GEMM) within the check's bound, and against the CPU backend's `moe` (f32)
 //!   within [`E2E_CPU_BOUND`] (an error otherwise).
@@ -51,7 +53,7 @@ fn qerr(e: impl std::fmt::Display) -> CudaError {
     invalid(e.to_string())
 }
 
-fn ggml(q: Quant) -> Option<GgmlType> {
+pub(in crate::selftest) fn ggml(q: Quant) -> Option<GgmlType> {
     Some(match q {
         Quant::F32 => GgmlType::F32,
         Quant::F16 => GgmlType::F16,
@@ -65,13 +67,16 @@ fn ggml(q: Quant) -> Option<GgmlType> {
     })
 }
 
-fn ptr<T>(buf: &crate::backend::cuda::DevBuf, len: usize) -> Result<DevPtr<T>, CudaError> {
+pub(in crate::selftest) fn ptr<T>(
+    buf: &crate::backend::cuda::DevBuf,
+    len: usize,
+) -> Result<DevPtr<T>, CudaError> {
     buf.ptr::<T>()
         .slice(0, len)
         .ok_or_else(|| invalid(format!("buffer of {} bytes for {len} values", buf.bytes())))
 }
 
-fn pool(cx: &CheckCtx<'_>) -> Arc<Pool> {
+pub(in crate::selftest) fn pool(cx: &CheckCtx<'_>) -> Arc<Pool> {
     Pool::new(cx.dev.stream().clone())
 }
 
@@ -307,17 +312,17 @@ impl KernelCheck for MoeGemvCheck {
 }
 
 /// An expert bank `[e, rows, cols]` of `ty` with random contents.
-struct Bank {
-    ty: GgmlType,
-    q: Quant,
-    e: usize,
-    rows: usize,
-    cols: usize,
-    bytes: Vec<u8>,
+pub(in crate::selftest) struct Bank {
+    pub ty: GgmlType,
+    pub q: Quant,
+    pub e: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub bytes: Vec<u8>,
 }
 
 impl Bank {
-    fn random(
+    pub fn random(
         q: Quant,
         e: usize,
         rows: usize,
@@ -335,7 +340,7 @@ impl Bank {
             bytes,
         })
     }
-    fn tensor_ref(&self, name: &str) -> TensorRef<'_> {
+    pub fn tensor_ref(&self, name: &str) -> TensorRef<'_> {
         TensorRef {
             name: name.into(),
             shape: vec![self.e, self.rows, self.cols],
@@ -344,7 +349,7 @@ impl Bank {
             scales: Scales::default(),
         }
     }
-    fn expert(&self, ex: usize) -> &[u8] {
+    pub fn expert(&self, ex: usize) -> &[u8] {
         let eb = self.bytes.len() / self.e;
         &self.bytes[ex * eb..(ex + 1) * eb]
     }
@@ -361,44 +366,83 @@ impl Bank {
 }
 
 /// One end-to-end case: random x, logits and banks.
-struct Case {
-    n: usize,
-    hidden: usize,
-    x: Vec<f32>,
-    logits: Vec<f32>,
-    gate: Bank,
-    up: Bank,
-    down: Bank,
-    p: MoeParams,
+pub(in crate::selftest) struct Case {
+    pub n: usize,
+    pub hidden: usize,
+    pub x: Vec<f32>,
+    pub logits: Vec<f32>,
+    pub gate: Bank,
+    pub up: Bank,
+    pub down: Bank,
+    pub p: MoeParams,
 }
 
+/// The shapes and formats of a random MoE case.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::selftest) struct CaseSpec {
+    pub e: usize,
+    pub k: usize,
+    pub hidden: usize,
+    pub ff: usize,
+    pub q_gate_up: Quant,
+    pub q_down: Quant,
+    pub act: Activation,
+    pub norm: bool,
+}
+
+/// Variants of the end-to-end check: (gate/up, down, activation, renormalise).
+const VARIANTS: [(Quant, Quant, Activation, bool); 3] = [
+    (Quant::Q4K, Quant::Q8_0, Activation::Silu, true),
+    (Quant::Q8_0, Quant::Q4K, Activation::GeluTanh, false),
+    // no grouped GEMM for Q5_0: the host-grouped per-expert GEMMs at n = 70
+    (Quant::Q5_0, Quant::Q6K, Activation::Silu, true),
+];
+
 fn make_case(rng: &mut StdRng, n: usize, variant: usize) -> Result<Case, CudaError> {
-    let (e, k, hidden, ff) = (16usize, 4usize, 512usize, 256usize);
-    let (qgu, qd, act, norm) = if variant == 0 {
-        (Quant::Q4K, Quant::Q8_0, Activation::Silu, true)
-    } else {
-        (Quant::Q8_0, Quant::Q4K, Activation::GeluTanh, false)
-    };
+    let (q_gate_up, q_down, act, norm) = VARIANTS[variant];
+    make_case_with(
+        rng,
+        n,
+        &CaseSpec {
+            e: 16,
+            k: 4,
+            hidden: 512,
+            ff: 256,
+            q_gate_up,
+            q_down,
+            act,
+            norm,
+        },
+    )
+}
+
+/// Random x, router logits and banks of `s` for `n` tokens.
+pub(in crate::selftest) fn make_case_with(
+    rng: &mut StdRng,
+    n: usize,
+    s: &CaseSpec,
+) -> Result<Case, CudaError> {
+    let (e, hidden, ff) = (s.e, s.hidden, s.ff);
     Ok(Case {
         n,
         hidden,
         x: uniform(rng, n * hidden, -1.0, 1.0),
         logits: uniform(rng, n * e, -3.0, 3.0),
-        gate: Bank::random(qgu, e, ff, hidden, rng)?,
-        up: Bank::random(qgu, e, ff, hidden, rng)?,
-        down: Bank::random(qd, e, hidden, ff, rng)?,
+        gate: Bank::random(s.q_gate_up, e, ff, hidden, rng)?,
+        up: Bank::random(s.q_gate_up, e, ff, hidden, rng)?,
+        down: Bank::random(s.q_down, e, hidden, ff, rng)?,
         p: MoeParams {
             n_experts: e,
-            top_k: k,
-            norm_topk: norm,
-            act,
+            top_k: s.k,
+            norm_topk: s.norm,
+            act: s.act,
         },
     })
 }
 
 /// The activation arithmetic a `moe` path uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(in crate::selftest) enum Mode {
     /// Grouped GEMV: int8 activations per 32 for block formats.
     Int8,
     /// By-expert GEMM: bf16 activations and weights dequantised then rounded to bf16.
@@ -408,7 +452,7 @@ enum Mode {
     F32,
 }
 
-fn bf16(v: f32) -> f32 {
+pub(in crate::selftest) fn bf16(v: f32) -> f32 {
     half::bf16::from_f32(v).to_f32()
 }
 
@@ -439,7 +483,7 @@ fn expert_dot(b: &Bank, ex: usize, x: &[f32], mode: Mode) -> Result<Vec<f32>, Cu
 
 /// Host model of a GPU path: the CPU router, the path's activation arithmetic before each
 /// projection, f64 dot products, slots summed in routing order.
-fn gpu_model(c: &Case, mode: Mode) -> Result<Vec<f32>, CudaError> {
+pub(in crate::selftest) fn gpu_model(c: &Case, mode: Mode) -> Result<Vec<f32>, CudaError> {
     let (h, e, ff) = (c.hidden, c.p.n_experts, c.gate.rows);
     let mut out = vec![0f32; c.n * c.down.rows];
     for t in 0..c.n {
@@ -462,7 +506,7 @@ fn gpu_model(c: &Case, mode: Mode) -> Result<Vec<f32>, CudaError> {
 }
 
 /// The CPU backend's `moe` (f32 activations).
-fn cpu_moe(c: &Case) -> Result<Vec<f32>, CudaError> {
+pub(in crate::selftest) fn cpu_moe(c: &Case) -> Result<Vec<f32>, CudaError> {
     let be = CpuBackend::new();
     let x = be.tensor(&c.x, c.n, c.hidden).map_err(qerr)?;
     let l = be.tensor(&c.logits, c.n, c.p.n_experts).map_err(qerr)?;
@@ -523,14 +567,17 @@ impl KernelCheck for MoeCombineCheck {
                 .resolve(op, q, HeadDim::Any, BatchBucket::Any)
                 .is_ok()
         };
-        if !have(Op::MoeGemv, Quant::Q4K) || !have(Op::MoeGemv, Quant::Q8_0) {
+        if ![Quant::Q4K, Quant::Q8_0, Quant::Q5_0, Quant::Q6K]
+            .iter()
+            .all(|&q| have(Op::MoeGemv, q))
+        {
             return Err(invalid(
-                "moe_gemv q4_k / q8_0 missing for this device".into(),
+                "moe_gemv q4_k / q8_0 / q5_0 / q6_k missing for this device".into(),
             ));
         }
         let mut vs_cpu = Comparison::default();
         let mut paths = Vec::new();
-        for variant in 0..2 {
+        for variant in 0..VARIANTS.len() {
             // decode (grouped GEMV), ordered GEMV (37), by-expert GEMM (70)
             for n in [1usize, 4, 37, 70] {
                 let c = make_case(&mut cx.rng, n, variant)?;
@@ -554,18 +601,22 @@ impl KernelCheck for MoeCombineCheck {
                     (&dn.shape, dn.quant),
                     &c.p,
                 )?;
-                let mode = match moe_path(n, &dims, [g.quant, u.quant, dn.quant]) {
-                    MoePath::Gemm => Mode::Bf16,
+                let path = moe_path(n, &dims, [g.quant, u.quant, dn.quant]);
+                let mode = match path {
+                    MoePath::Gemm | MoePath::Grouped => Mode::Bf16,
                     MoePath::Gemv | MoePath::GemvOrdered => Mode::Int8,
                 };
-                paths.push((n, mode));
+                paths.push((n, mode, path));
                 cmp = cmp.merge(Comparison::new(&got, &gpu_model(&c, mode)?));
                 vs_cpu = vs_cpu.merge(Comparison::new(&got, &cpu_moe(&c)?));
             }
         }
         let gemm_on = crate::backend::cuda::moe::prefill_gemm_enabled();
+        let grouped_on = crate::backend::cuda::moe::prefill_grouped_enabled();
         if paths.iter().any(|p| p.1 == Mode::Bf16) != gemm_on
             || !paths.iter().any(|p| p.1 == Mode::Int8)
+            || (gemm_on && !paths.iter().any(|p| p.2 == MoePath::Gemm))
+            || paths.iter().any(|p| p.2 == MoePath::Grouped) != (gemm_on && grouped_on)
         {
             return Err(invalid(format!("moe paths not all covered: {paths:?}")));
         }
@@ -590,7 +641,7 @@ mod tests {
     fn gpu_model_vs_cpu_backend() {
         let mut rng = StdRng::seed_from_u64(7);
         let mut worst: f64 = 0.0;
-        for variant in 0..2 {
+        for variant in 0..VARIANTS.len() {
             for n in [1usize, 4, 37] {
                 let c = make_case(&mut rng, n, variant).unwrap();
                 let a = gpu_model(&c, Mode::Int8).unwrap();
