@@ -95,6 +95,10 @@ key_enum! {
         MoeGemv => "moe_gemv",
         /// MoE output: weighted sum of the slots' expert outputs per token.
         MoeCombine => "moe_combine",
+        /// Residual add fused with the RMSNorm of the sum (+ the int8 side-car of one row).
+        AddRmsNorm => "add_rmsnorm",
+        /// Attention input: per-head q/k norms, RoPE, K/V into the paged cache, one launch.
+        AttnPrep => "attn_prep",
     }
 }
 

@@ -1,8 +1,8 @@
 //! [`CudaBackend`]: the `Backend` trait on one CUDA device. Models run on it unchanged.
 //!
 //! Split by concern: `weights.rs` (upload), `linear.rs` (GEMV / GEMM), `elementwise.rs`
-//! (elementwise, shape, norms, RoPE, embedding), `step.rs` (token ids and positions of the
-//! current pass in device memory). KV cache, attention and MoE delegate to `CudaDevice` methods
+//! (elementwise, shape, norms, RoPE, embedding), `fused.rs` (add + norm, attention input),
+//! `step.rs` (token ids and positions of the current pass in device memory). KV cache, attention and MoE delegate to `CudaDevice` methods
 //! in `kv.rs` / `moe.rs`.
 //!
 //! Everything runs on the device's one stream; ops allocate their outputs from the pool and
@@ -10,6 +10,7 @@
 //! kept with their loaded function, so a launch does no lookup by name.
 
 mod elementwise;
+mod fused;
 mod linear;
 mod step;
 mod weights;
@@ -26,8 +27,8 @@ use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
 use super::CudaDevice;
 use crate::backend::cuda::CudaSamplerState;
 use crate::backend::{
-    Activation, AttnParams, Backend, BackendError, KvShape, MoeParams, Norm, RecordedStep, Result,
-    Rope,
+    Activation, AttnParams, AttnPrep, Backend, BackendError, KvShape, MoeParams, Norm,
+    RecordedStep, Result, Rope,
 };
 use crate::kernels::{BatchBucket, Op, Quant};
 use crate::weights::TensorRef;
@@ -309,6 +310,29 @@ impl Backend for CudaBackend {
         dim: usize,
     ) -> Result<GpuTensor> {
         self.rms_norm_impl(x, w, eps, dim)
+    }
+
+    fn add_rms_norm(
+        &self,
+        h: &GpuTensor,
+        y: &GpuTensor,
+        w: Norm<'_, GpuTensor>,
+        eps: f32,
+        dim: usize,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.add_rms_norm_impl(h, y, w, eps, dim)
+    }
+
+    fn attn_prep(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        cache: &mut GpuKvCache,
+        pos0: usize,
+        p: &AttnPrep<'_, GpuTensor>,
+    ) -> Result<GpuTensor> {
+        self.attn_prep_impl(q, k, v, cache, pos0, p)
     }
 
     fn l2_norm(&self, x: &GpuTensor, eps: f32, dim: usize) -> Result<GpuTensor> {
