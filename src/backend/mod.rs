@@ -11,6 +11,8 @@
 pub mod cpu;
 pub mod cuda;
 pub mod error;
+#[cfg(test)]
+mod tests_fused;
 pub use error::BackendError;
 
 use crate::engine::SamplingParams;

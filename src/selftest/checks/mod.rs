@@ -1,7 +1,9 @@
 //! The registry of per-op checks. Add one line per check (its own file in this folder).
 
+pub(super) mod add_rmsnorm;
 mod attn_decode;
 mod attn_prefill;
+pub(super) mod attn_prep;
 mod cast_bf16;
 mod convert;
 mod embed;
@@ -46,6 +48,8 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &moe::MoeRouteCheck,
         &moe::MoeGemvCheck,
         &moe::MoeCombineCheck,
+        &add_rmsnorm::AddRmsNormCheck,
+        &attn_prep::AttnPrepCheck,
     ]
 }
 
