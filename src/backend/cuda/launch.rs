@@ -142,16 +142,10 @@ impl CudaDevice {
                 ))
             }
         }
-        b.arg(out)
-            .arg(&dim_i)
-            .arg(&mode_i)
-            .arg(&eps)
-            .arg(&null)
-            .arg(&null);
+        b.arg(out).arg(&dim_i).arg(&mode_i).arg(&eps);
         // SAFETY: argument list matches the template signature (const float* x, const float* w,
-        // float* y, int dim, int mode, float eps, signed char* xq, float2* xds); x/out hold
-        // groups*dim floats and w holds dim floats (or is null with mode 2, where the kernel
-        // never reads it), checked above; xq/xds null: no side-car.
+        // float* y, int dim, int mode, float eps); x/out hold groups*dim floats and w holds dim
+        // floats (or is null with mode 2, where the kernel never reads it), checked above.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())
     }
@@ -324,11 +318,9 @@ impl CudaDevice {
         for s in &strides {
             b.arg(s);
         }
-        let null = 0u64;
-        b.arg(&null).arg(&null);
         // SAFETY: matches (const float* gate, const float* up, float* out, int rows, int cols,
-        // long long gate_stride, up_stride, out_stride, signed char* xq, float2* xds); every
-        // view covers (rows-1)*stride+cols elements (checked above); xq/xds null: no side-car.
+        // long long gate_stride, up_stride, out_stride); every view covers (rows-1)*stride+cols
+        // elements (checked above).
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())
     }

@@ -24,6 +24,19 @@ pub struct Kern {
     pub f: CudaFunction,
 }
 
+/// The `<name>__q8` entry of an rmsnorm / glu instance: the same kernel that also writes the
+/// int8 side-car of its output (extra `signed char* xq, float2* xds` arguments). Only
+/// [`CudaDevice::kern_q8`] makes one, so a launch can never pair the wrong argument list with
+/// the wrong entry.
+#[derive(Debug, Clone)]
+pub struct KernQ8(Kern);
+
+impl KernQ8 {
+    pub fn spec(&self) -> &'static KernelSpec {
+        self.0.spec
+    }
+}
+
 /// Mode of the `ewise` kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EwiseMode {
@@ -81,6 +94,17 @@ pub(super) fn expect(k: &Kern, ops: &[Op], op: &'static str) -> Result<(), CudaE
     }
 }
 
+fn same_instance(k: &Kern, q: &KernQ8, op: &'static str) -> Result<(), CudaError> {
+    if k.spec.key == q.0.spec.key {
+        Ok(())
+    } else {
+        Err(invalid(
+            op,
+            format!("side-car entry of {} with {}", q.0.spec.name, k.spec.name),
+        ))
+    }
+}
+
 /// The raw `(xq, xds)` kernel arguments of an optional int8 side-car over `len` values written
 /// in groups of 32 that never straddle a `unit` (a norm group or an output row): null pointers
 /// without one; with one, `unit % 32 == 0` and room for `len` int8 values and `len / 32` pairs.
@@ -126,6 +150,15 @@ impl CudaDevice {
         })
     }
 
+    /// The side-car entry (`__q8`) of `k`, an rmsnorm or glu instance.
+    pub fn kern_q8(&self, k: &Kern) -> Result<KernQ8, CudaError> {
+        expect(k, &[Op::RmsNorm, Op::Geglu, Op::Swiglu], "kern_q8")?;
+        Ok(KernQ8(Kern {
+            spec: k.spec,
+            f: self.function_suffixed(k.spec, "q8")?,
+        }))
+    }
+
     pub(super) fn go(
         &self,
         k: &Kern,
@@ -143,6 +176,7 @@ impl CudaDevice {
     }
 
     /// RMSNorm over groups of `dim` values of `x` into `y` (same length; may alias).
+    #[allow(clippy::too_many_arguments)]
     pub fn rms_norm_ptr(
         &self,
         k: &Kern,
@@ -151,7 +185,7 @@ impl CudaDevice {
         y: DevPtr<f32>,
         eps: f32,
         dim: usize,
-        q8: Option<Q8Ptrs>,
+        q8: Option<(&KernQ8, Q8Ptrs)>,
     ) -> Result<(), CudaError> {
         const OP: &str = "rms_norm";
         expect(k, &[Op::RmsNorm], OP)?;
@@ -161,7 +195,7 @@ impl CudaDevice {
                 format!("x {} / y {} not groups of {dim}", x.len(), y.len()),
             ));
         }
-        let (qp, dp) = q8_args(OP, q8, x.len(), dim)?;
+        let (qp, dp) = q8_args(OP, q8.map(|(_, p)| p), x.len(), dim)?;
         let (mode, wp) = match w {
             NormWeightPtr::Plain(w) => (0i32, w),
             NormWeightPtr::OnePlus(w) => (1, w),
@@ -179,9 +213,15 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         let (xp, wp, yp, d) = (x.raw(), wp.raw(), y.raw(), int(OP, "dim", dim)?);
-        // (const float* x, const float* w, float* y, int dim, int mode, float eps,
-        //  signed char* xq, float2* xds)
-        self.go(k, cfg, &[&xp, &wp, &yp, &d, &mode, &eps, &qp, &dp])
+        match q8 {
+            // (const float* x, const float* w, float* y, int dim, int mode, float eps)
+            None => self.go(k, cfg, &[&xp, &wp, &yp, &d, &mode, &eps]),
+            // __q8: (..., float eps, signed char* xq, float2* xds)
+            Some((kq, _)) => {
+                same_instance(k, kq, OP)?;
+                self.go(&kq.0, cfg, &[&xp, &wp, &yp, &d, &mode, &eps, &qp, &dp])
+            }
+        }
     }
 
     /// L2 norm over groups of `dim` values of `x` into `y`.
@@ -283,6 +323,7 @@ impl CudaDevice {
     }
 
     /// `out = act(gate) * up` over `rows x cols` contiguous values.
+    #[allow(clippy::too_many_arguments)]
     pub fn glu_ptr(
         &self,
         k: &Kern,
@@ -291,7 +332,7 @@ impl CudaDevice {
         out: DevPtr<f32>,
         rows: usize,
         cols: usize,
-        q8: Option<Q8Ptrs>,
+        q8: Option<(&KernQ8, Q8Ptrs)>,
     ) -> Result<(), CudaError> {
         self.glu_strided_ptr(k, gate, up, out, rows, cols, [cols; 3], q8)
     }
@@ -309,7 +350,7 @@ impl CudaDevice {
         rows: usize,
         cols: usize,
         strides: [usize; 3],
-        q8: Option<Q8Ptrs>,
+        q8: Option<(&KernQ8, Q8Ptrs)>,
     ) -> Result<(), CudaError> {
         const OP: &str = "glu";
         expect(k, &[Op::Geglu, Op::Swiglu], OP)?;
@@ -328,7 +369,7 @@ impl CudaDevice {
         if n == 0 {
             return Ok(());
         }
-        let (qp, dp) = q8_args(OP, q8, n, cols)?;
+        let (qp, dp) = q8_args(OP, q8.map(|(_, p)| p), n, cols)?;
         let threads = k.spec.param_u32("threads").unwrap_or(256);
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, n.div_ceil(threads as usize))?, 1, 1),
@@ -338,10 +379,20 @@ impl CudaDevice {
         let (gp, upp, op) = (gate.raw(), up.raw(), out.raw());
         let (r, c) = (int(OP, "rows", rows)?, int(OP, "cols", cols)?);
         let [sg, su, so] = strides.map(|v| v as i64);
-        // (const float* gate, const float* up, float* out, int rows, int cols,
-        //  long long gate_stride, long long up_stride, long long out_stride, signed char* xq,
-        //  float2* xds)
-        self.go(k, cfg, &[&gp, &upp, &op, &r, &c, &sg, &su, &so, &qp, &dp])
+        match q8 {
+            // (const float* gate, const float* up, float* out, int rows, int cols,
+            //  long long gate_stride, long long up_stride, long long out_stride)
+            None => self.go(k, cfg, &[&gp, &upp, &op, &r, &c, &sg, &su, &so]),
+            // __q8: (..., long long out_stride, signed char* xq, float2* xds)
+            Some((kq, _)) => {
+                same_instance(k, kq, OP)?;
+                self.go(
+                    &kq.0,
+                    cfg,
+                    &[&gp, &upp, &op, &r, &c, &sg, &su, &so, &qp, &dp],
+                )
+            }
+        }
     }
 
     /// `y = f(a, b)` over `rows x cols` (see [`EwiseMode`]); `b` is required by the binary modes.

@@ -35,7 +35,7 @@ pub use launch_decode::{AttnDecodeLaunch, AttnScratch};
 pub use launch_fused::{AttnPrepBufs, AttnPrepLaunch, ATTN_PREP_MAX_HEAD_DIM};
 pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
 pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
-pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, NormWeightPtr};
+pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, KernQ8, NormWeightPtr};
 pub use probe::cuda_available;
 pub use sampler::{kernel_params, CudaSamplerState, MAX_BANNED};
 pub use types::{GpuKvCache, GpuTensor, GpuWeight, KvType, Q8Ptrs, Q8Side, WeightView};

@@ -142,6 +142,10 @@ impl CudaBackend {
         let k = self.kern(op, Quant::F32, BatchBucket::Any)?;
         let y = self.alloc_tensor(gate.rows, gate.cols)?;
         let q8 = self.q8_side(gate.rows, gate.cols)?;
+        let kq = match q8 {
+            Some(_) => Some(self.kern_q8(op)?),
+            None => None,
+        };
         self.dev.glu_ptr(
             &k,
             gate.ptr(),
@@ -149,7 +153,7 @@ impl CudaBackend {
             y.ptr(),
             gate.rows,
             gate.cols,
-            q8.as_ref().map(Q8Side::ptrs),
+            kq.as_ref().zip(q8.as_ref().map(Q8Side::ptrs)),
         )?;
         Ok(y.with_q8(q8))
     }
@@ -174,6 +178,10 @@ impl CudaBackend {
             .slice(ff, all.len() - ff)
             .ok_or_else(|| shape("glu_fused", "empty input".into()))?;
         let q8 = self.q8_side(x.rows, ff)?;
+        let kq = match q8 {
+            Some(_) => Some(self.kern_q8(op)?),
+            None => None,
+        };
         self.dev.glu_strided_ptr(
             &k,
             all,
@@ -182,7 +190,7 @@ impl CudaBackend {
             x.rows,
             ff,
             [x.cols, x.cols, ff],
-            q8.as_ref().map(Q8Side::ptrs),
+            kq.as_ref().zip(q8.as_ref().map(Q8Side::ptrs)),
         )?;
         Ok(y.with_q8(q8))
     }
@@ -317,6 +325,10 @@ impl CudaBackend {
         } else {
             None
         };
+        let kq = match q8 {
+            Some(_) => Some(self.kern_q8(Op::RmsNorm)?),
+            None => None,
+        };
         self.dev.rms_norm_ptr(
             &k,
             x.ptr(),
@@ -324,7 +336,7 @@ impl CudaBackend {
             y.ptr(),
             eps,
             dim,
-            q8.as_ref().map(Q8Side::ptrs),
+            kq.as_ref().zip(q8.as_ref().map(Q8Side::ptrs)),
         )?;
         Ok(y.with_q8(q8))
     }

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::buf::{read_ptr, DevBuf, Pool, PoolStats};
 use super::error::CudaError;
 use super::graph::StepGraph;
-use super::launch_ptr::Kern;
+use super::launch_ptr::{Kern, KernQ8};
 use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
 use super::CudaDevice;
 use crate::backend::cuda::CudaSamplerState;
@@ -44,6 +44,8 @@ pub struct CudaBackend {
     sms: u32,
     /// Resolved kernels by (op, quant, batch).
     kernels: Mutex<HashMap<(Op, Quant, BatchBucket), Kern>>,
+    /// Their int8 side-car entries (`__q8`) by op (rmsnorm, geglu, swiglu: f32 instances).
+    kernels_q8: Mutex<HashMap<Op, KernQ8>>,
     /// Token ids and positions of the current forward pass.
     step: Mutex<StepState>,
     /// RoPE frequency divisors on the device, keyed by their bits.
@@ -84,6 +86,7 @@ impl CudaBackend {
             kv_type,
             sms,
             kernels: Mutex::new(HashMap::new()),
+            kernels_q8: Mutex::new(HashMap::new()),
             step: Mutex::new(StepState::default()),
             freq: Mutex::new(HashMap::new()),
             progress: Arc::new(AtomicUsize::new(0)),
@@ -117,6 +120,18 @@ impl CudaBackend {
         }
         let k = self.dev.kern(op, quant, batch)?;
         lock(&self.kernels).insert(key, k.clone());
+        Ok(k)
+    }
+
+    /// The side-car entry of the f32 instance of `op` (rmsnorm, geglu, swiglu), loaded once.
+    pub(crate) fn kern_q8(&self, op: Op) -> Result<KernQ8> {
+        if let Some(k) = lock(&self.kernels_q8).get(&op) {
+            return Ok(k.clone());
+        }
+        let k = self
+            .dev
+            .kern_q8(&self.kern(op, Quant::F32, BatchBucket::Any)?)?;
+        lock(&self.kernels_q8).insert(op, k.clone());
         Ok(k)
     }
 
