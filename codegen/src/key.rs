@@ -106,6 +106,10 @@ key_enum! {
         /// MoE prefill: grouped expert GEMM over all experts in one launch (tensor cores,
         /// GGUF expert banks dequantised in the loader; gate+up with the GLU fused, down).
         MoeGemm => "moe_gemm",
+        /// Residual add fused with the RMSNorm of the sum (+ the int8 side-car of one row).
+        AddRmsNorm => "add_rmsnorm",
+        /// Attention input: per-head q/k norms, RoPE, K/V into the paged cache, one launch.
+        AttnPrep => "attn_prep",
     }
 }
 

@@ -76,6 +76,7 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
         | Op::ReadBw
         | Op::Ewise
         | Op::L2Norm
+        | Op::AddRmsNorm
         | Op::CastBf16 => {
             quant_in(key, &[Quant::F32])?;
             any_hd(key)?;
@@ -164,7 +165,7 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             }
             Ok(())
         }
-        Op::KvWrite => {
+        Op::KvWrite | Op::AttnPrep => {
             quant_in(key, &[Quant::Fp8E4m3, Quant::F16])?;
             any_hd(key)?;
             any_bs(key)
@@ -233,6 +234,33 @@ mod tests {
         assert!(check_legal(&KernelKey {
             quant: Quant::Bf16,
             ..kw
+        })
+        .is_err());
+        // fused attention input: the cache types, any head dim; fused add + norm: f32
+        let ap = KernelKey {
+            op: Op::AttnPrep,
+            quant: Quant::F16,
+            ..k
+        };
+        assert!(check_legal(&ap).is_ok());
+        assert!(check_legal(&KernelKey {
+            quant: Quant::F32,
+            ..ap
+        })
+        .is_err());
+        assert!(check_legal(&KernelKey {
+            head_dim: HeadDim::D128,
+            ..ap
+        })
+        .is_err());
+        let an = KernelKey {
+            op: Op::AddRmsNorm,
+            ..k
+        };
+        assert!(check_legal(&an).is_ok());
+        assert!(check_legal(&KernelKey {
+            quant: Quant::F16,
+            ..an
         })
         .is_err());
         // MoE: router / combine are f32 and batch-agnostic; the grouped GEMV takes GGUF formats

@@ -105,9 +105,15 @@ const LIBCHECK: &str = r#"{% import "lib/prelude.cuh.tera" as prelude -%}
 {% import "lib/tile.cuh.tera" as tile -%}
 {% import "lib/wgmma.cuh.tera" as wgmma -%}
 {% import "lib/mma_fp4.cuh.tera" as mma_fp4 -%}
+{% import "lib/q8.cuh.tera" as q8 -%}
+{% import "lib/rmsnorm.cuh.tera" as rmsnorm -%}
+{% import "lib/rope.cuh.tera" as rope -%}
 {{ prelude::types() }}
 {{ reduce::warp() }}
 {{ reduce::block() }}
+{{ q8::group() }}
+{{ rmsnorm::group() }}
+{{ rope::head() }}
 {{ convert::f16() }}
 {{ convert::bf16() }}
 {{ convert::fp8(sm=sm) }}
@@ -128,6 +134,10 @@ extern "C" __global__ void {{ entry }}(const float* x, float* y, const uint8_t* 
     float v = t[threadIdx.x % 32];
     tile_copy<float, 4, 8>(y + 64, 8, t, 8);
     v = block_sum(v, scratch) + block_max(v, scratch);
+    rms_norm_group(x, x + 32, y + 128, x + 64, y + 160, 32, 0, 1e-6f, scratch,
+                   (signed char*)(y + 256), (float2*)(y + 272));
+    rope_head(y + 160, y + 192, 5.0, nullptr, 32, 32, 32, 0, 1e4f);
+    q8_group(v, (signed char*)(y + 288), (float2*)(y + 296));
     v += f16_to_f32(f32_to_f16(v)) + bf16_to_f32(f32_to_bf16(v));
     v += fp8_e4m3_to_f32(f32_to_fp8_e4m3(v)) + fp4_e2m1_to_f32(f32_to_fp4_e2m1(v));
     float lo, hi;

@@ -11,6 +11,8 @@
 pub mod cpu;
 pub mod cuda;
 pub mod error;
+#[cfg(test)]
+mod tests_fused;
 pub use error::BackendError;
 
 use crate::engine::SamplingParams;
@@ -36,6 +38,60 @@ pub enum Norm<'a, T> {
     OnePlus(&'a T),
     /// x_hat
     None,
+}
+
+impl<'a, T> Norm<'a, T> {
+    /// The same norm again (`Norm` is `Copy` only when `T` is; this is not bound by that).
+    pub fn reborrow(&self) -> Norm<'a, T> {
+        match *self {
+            Norm::Plain(w) => Norm::Plain(w),
+            Norm::OnePlus(w) => Norm::OnePlus(w),
+            Norm::None => Norm::None,
+        }
+    }
+}
+
+/// What [`Backend::attn_prep`] does to one attention layer's q, k and v before attention.
+#[derive(Debug)]
+pub struct AttnPrep<'a, T> {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    /// Per-head RMSNorm (groups of `rope.head_dim`) of q; None: no norm.
+    pub q_norm: Option<Norm<'a, T>>,
+    /// Per-head RMSNorm of k (before RoPE); None: no norm.
+    pub k_norm: Option<Norm<'a, T>>,
+    /// Per-head RMSNorm of v before it is cached (Gemma 4's weightless v-norm); None: no norm.
+    pub v_norm: Option<Norm<'a, T>>,
+    pub eps: f32,
+    /// RoPE of q and k (its head_dim is the head size of all three).
+    pub rope: &'a Rope,
+}
+
+/// [`Backend::attn_prep`] composed of the plain ops, in the order the models ran them: q norm,
+/// k norm, v norm, RoPE of q, RoPE of k, kv_write (the trait's default; public so a backend
+/// overriding it can be checked against this composition on the same device).
+pub fn attn_prep_composed<B: Backend + ?Sized>(
+    be: &B,
+    q: &B::Tensor,
+    k: &B::Tensor,
+    v: &B::Tensor,
+    cache: &mut B::KvCache,
+    pos0: usize,
+    p: &AttnPrep<'_, B::Tensor>,
+) -> Result<B::Tensor> {
+    let hd = p.rope.head_dim;
+    let norm = |x: &B::Tensor, n: &Option<Norm<'_, B::Tensor>>| -> Result<Option<B::Tensor>> {
+        n.as_ref()
+            .map(|n| be.rms_norm(x, n.reborrow(), p.eps, hd))
+            .transpose()
+    };
+    let qn = norm(q, &p.q_norm)?;
+    let kn = norm(k, &p.k_norm)?;
+    let vn = norm(v, &p.v_norm)?;
+    let q = be.rope(qn.as_ref().unwrap_or(q), p.n_heads, pos0, p.rope)?;
+    let k = be.rope(kn.as_ref().unwrap_or(k), p.n_kv_heads, pos0, p.rope)?;
+    be.kv_write(cache, pos0, &k, vn.as_ref().unwrap_or(v))?;
+    Ok(q)
 }
 
 /// Rotary embedding parameters for one layer (positions are passed per call).
@@ -266,6 +322,20 @@ pub trait Backend: Send + Sync + 'static {
         eps: f32,
         dim: usize,
     ) -> Result<Self::Tensor>;
+    /// The residual add and the RMSNorm of its sum in one op: `(h + y, rms_norm(h + y))`
+    /// (a decoder's residual stream followed by the next norm). Default: `add` then `rms_norm`.
+    fn add_rms_norm(
+        &self,
+        h: &Self::Tensor,
+        y: &Self::Tensor,
+        w: Norm<'_, Self::Tensor>,
+        eps: f32,
+        dim: usize,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let s = self.add(h, y)?;
+        let n = self.rms_norm(&s, w, eps, dim)?;
+        Ok((s, n))
+    }
     /// L2-normalise groups of `dim` columns: x / sqrt(sum(x^2) + eps).
     fn l2_norm(&self, x: &Self::Tensor, eps: f32, dim: usize) -> Result<Self::Tensor>;
     /// Rotate `n_heads` heads of each row; row i is at position `pos0 + i`.
@@ -287,6 +357,21 @@ pub trait Backend: Send + Sync + 'static {
         k: &Self::Tensor,
         v: &Self::Tensor,
     ) -> Result<()>;
+    /// The attention input of one layer in one op: per-head RMSNorm of q, k and v as `p` says,
+    /// RoPE of q and k at positions `pos0 ..`, k and v written to `cache` there. `q` is
+    /// `[n, n_heads*hd]`, `k` and `v` `[n, n_kv*hd]`; returns the rotated q. Default:
+    /// [`attn_prep_composed`] (rms_norm, rope, kv_write).
+    fn attn_prep(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        cache: &mut Self::KvCache,
+        pos0: usize,
+        p: &AttnPrep<'_, Self::Tensor>,
+    ) -> Result<Self::Tensor> {
+        attn_prep_composed(self, q, k, v, cache, pos0, p)
+    }
     /// Causal attention of `q` (`[n, n_heads*hd]`, rows at `pos0 ..`) over the cache's
     /// positions `0 .. pos0 + n` (limited by the window). Returns `[n, n_heads*hd]`.
     fn attention(

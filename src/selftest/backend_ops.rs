@@ -40,19 +40,19 @@ pub struct OpRow {
     pub note: String,
 }
 
-type Pair = (Vec<f32>, Vec<f32>);
-type R<T> = anyhow::Result<T>;
+pub(super) type Pair = (Vec<f32>, Vec<f32>);
+pub(super) type R<T> = anyhow::Result<T>;
 
-struct Ctx {
-    gpu: CudaBackend,
-    cpu: CpuBackend,
-    cpu8: CpuBackend,
-    rng: StdRng,
+pub(super) struct Ctx {
+    pub(super) gpu: CudaBackend,
+    pub(super) cpu: CpuBackend,
+    pub(super) cpu8: CpuBackend,
+    pub(super) rng: StdRng,
     rows: Vec<OpRow>,
 }
 
 impl Ctx {
-    fn case(&mut self, name: String, bound: f64, f: impl FnOnce(&mut Ctx) -> R<Pair>) {
+    pub(super) fn case(&mut self, name: String, bound: f64, f: impl FnOnce(&mut Ctx) -> R<Pair>) {
         let row = match f(self) {
             Ok((got, want)) => {
                 let c = Comparison::new(&got, &want);
@@ -79,7 +79,7 @@ impl Ctx {
         self.rows.push(row);
     }
 
-    fn t2(
+    pub(super) fn t2(
         &self,
         data: &[f32],
         rows: usize,
@@ -92,7 +92,7 @@ impl Ctx {
     }
 }
 
-fn host(gpu: &CudaBackend, t: &GpuTensor) -> R<Vec<f32>> {
+pub(super) fn host(gpu: &CudaBackend, t: &GpuTensor) -> R<Vec<f32>> {
     Ok(gpu.to_host(t)?)
 }
 
@@ -113,10 +113,18 @@ pub fn run(dev: std::sync::Arc<CudaDevice>, seed: u64) -> R<Vec<OpRow>> {
     shape_cases(&mut cx);
     norm_rope_cases(&mut cx);
     moe_cases(&mut cx);
+    super::backend_fused::side_car_cases(&mut cx);
+    super::backend_fused::add_rms_norm_cases(&mut cx);
+    super::backend_fused::attn_prep_cases(&mut cx);
     Ok(cx.rows)
 }
 
-fn tref<'a>(name: &str, ty: GgmlType, shape: Vec<usize>, data: &'a [u8]) -> TensorRef<'a> {
+pub(super) fn tref<'a>(
+    name: &str,
+    ty: GgmlType,
+    shape: Vec<usize>,
+    data: &'a [u8],
+) -> TensorRef<'a> {
     TensorRef {
         name: name.to_string(),
         shape,

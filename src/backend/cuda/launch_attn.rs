@@ -39,7 +39,12 @@ impl KvLayout {
         ((pos / self.page_size * self.hkv + h) * self.page_size + pos % self.page_size)
             * self.head_dim
     }
-    fn check(&self, op: &'static str, k: DevPtr<u8>, v: DevPtr<u8>) -> Result<(), CudaError> {
+    pub(crate) fn check(
+        &self,
+        op: &'static str,
+        k: DevPtr<u8>,
+        v: DevPtr<u8>,
+    ) -> Result<(), CudaError> {
         if self.hkv == 0 || self.head_dim == 0 || self.page_size == 0 || self.capacity == 0 {
             return Err(invalid(op, format!("empty cache layout {self:?}")));
         }

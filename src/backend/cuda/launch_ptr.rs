@@ -12,6 +12,7 @@ use super::buf::DevPtr;
 use super::error::{drv, CudaError};
 use super::launch::RopeLaunch;
 use super::launch_linear::{gemv_default_grid, weight_block};
+use super::types::Q8Ptrs;
 use super::CudaDevice;
 use crate::kernels::{KernelSpec, Op, Quant};
 use crate::ops::RopeLayout;
@@ -21,6 +22,19 @@ use crate::ops::RopeLayout;
 pub struct Kern {
     pub spec: &'static KernelSpec,
     pub f: CudaFunction,
+}
+
+/// The `<name>__q8` entry of an rmsnorm / glu instance: the same kernel that also writes the
+/// int8 side-car of its output (extra `signed char* xq, float2* xds` arguments). Only
+/// [`CudaDevice::kern_q8`] makes one, so a launch can never pair the wrong argument list with
+/// the wrong entry.
+#[derive(Debug, Clone)]
+pub struct KernQ8(Kern);
+
+impl KernQ8 {
+    pub fn spec(&self) -> &'static KernelSpec {
+        self.0.spec
+    }
 }
 
 /// Mode of the `ewise` kernel.
@@ -54,22 +68,22 @@ pub enum NormWeightPtr {
     None,
 }
 
-fn invalid(op: &'static str, detail: String) -> CudaError {
+pub(super) fn invalid(op: &'static str, detail: String) -> CudaError {
     CudaError::Invalid { op, detail }
 }
 
-fn int(op: &'static str, what: &str, v: usize) -> Result<i32, CudaError> {
+pub(super) fn int(op: &'static str, what: &str, v: usize) -> Result<i32, CudaError> {
     i32::try_from(v).map_err(|_| invalid(op, format!("{what} = {v} exceeds i32")))
 }
 
-fn grid(op: &'static str, n: usize) -> Result<u32, CudaError> {
+pub(super) fn grid(op: &'static str, n: usize) -> Result<u32, CudaError> {
     u32::try_from(n)
         .ok()
         .filter(|&b| b > 0 && b < (1u32 << 31))
         .ok_or_else(|| invalid(op, format!("grid of {n} blocks is out of range")))
 }
 
-fn expect(k: &Kern, ops: &[Op], op: &'static str) -> Result<(), CudaError> {
+pub(super) fn expect(k: &Kern, ops: &[Op], op: &'static str) -> Result<(), CudaError> {
     if ops.contains(&k.spec.key.op) {
         Ok(())
     } else {
@@ -78,6 +92,42 @@ fn expect(k: &Kern, ops: &[Op], op: &'static str) -> Result<(), CudaError> {
             format!("instance {} is not a {op} kernel", k.spec.name),
         ))
     }
+}
+
+fn same_instance(k: &Kern, q: &KernQ8, op: &'static str) -> Result<(), CudaError> {
+    if k.spec.key == q.0.spec.key {
+        Ok(())
+    } else {
+        Err(invalid(
+            op,
+            format!("side-car entry of {} with {}", q.0.spec.name, k.spec.name),
+        ))
+    }
+}
+
+/// The raw `(xq, xds)` kernel arguments of an optional int8 side-car over `len` values written
+/// in groups of 32 that never straddle a `unit` (a norm group or an output row): null pointers
+/// without one; with one, `unit % 32 == 0` and room for `len` int8 values and `len / 32` pairs.
+pub(crate) fn q8_args(
+    op: &'static str,
+    q8: Option<Q8Ptrs>,
+    len: usize,
+    unit: usize,
+) -> Result<(u64, u64), CudaError> {
+    let Some((q, ds)) = q8 else {
+        return Ok((0, 0));
+    };
+    if unit == 0 || unit % 32 != 0 || len % unit != 0 || q.len() < len || ds.len() < len / 16 {
+        return Err(invalid(
+            op,
+            format!(
+                "side-car of {} int8 / {} floats for {len} values in groups of {unit}",
+                q.len(),
+                ds.len()
+            ),
+        ));
+    }
+    Ok((q.raw(), ds.raw()))
 }
 
 /// Blocks of a grid-stride elementwise launch over `n` values (enough to fill a large GPU).
@@ -100,7 +150,21 @@ impl CudaDevice {
         })
     }
 
-    fn go(&self, k: &Kern, cfg: LaunchConfig, args: &[&dyn ArgPush]) -> Result<(), CudaError> {
+    /// The side-car entry (`__q8`) of `k`, an rmsnorm or glu instance.
+    pub fn kern_q8(&self, k: &Kern) -> Result<KernQ8, CudaError> {
+        expect(k, &[Op::RmsNorm, Op::Geglu, Op::Swiglu], "kern_q8")?;
+        Ok(KernQ8(Kern {
+            spec: k.spec,
+            f: self.function_suffixed(k.spec, "q8")?,
+        }))
+    }
+
+    pub(super) fn go(
+        &self,
+        k: &Kern,
+        cfg: LaunchConfig,
+        args: &[&dyn ArgPush],
+    ) -> Result<(), CudaError> {
         let mut b = self.stream().launch_builder(&k.f);
         for a in args {
             a.push(&mut b);
@@ -112,6 +176,7 @@ impl CudaDevice {
     }
 
     /// RMSNorm over groups of `dim` values of `x` into `y` (same length; may alias).
+    #[allow(clippy::too_many_arguments)]
     pub fn rms_norm_ptr(
         &self,
         k: &Kern,
@@ -120,6 +185,7 @@ impl CudaDevice {
         y: DevPtr<f32>,
         eps: f32,
         dim: usize,
+        q8: Option<(&KernQ8, Q8Ptrs)>,
     ) -> Result<(), CudaError> {
         const OP: &str = "rms_norm";
         expect(k, &[Op::RmsNorm], OP)?;
@@ -129,6 +195,7 @@ impl CudaDevice {
                 format!("x {} / y {} not groups of {dim}", x.len(), y.len()),
             ));
         }
+        let (qp, dp) = q8_args(OP, q8.map(|(_, p)| p), x.len(), dim)?;
         let (mode, wp) = match w {
             NormWeightPtr::Plain(w) => (0i32, w),
             NormWeightPtr::OnePlus(w) => (1, w),
@@ -146,8 +213,15 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         let (xp, wp, yp, d) = (x.raw(), wp.raw(), y.raw(), int(OP, "dim", dim)?);
-        // (const float* x, const float* w, float* y, int dim, int mode, float eps)
-        self.go(k, cfg, &[&xp, &wp, &yp, &d, &mode, &eps])
+        match q8 {
+            // (const float* x, const float* w, float* y, int dim, int mode, float eps)
+            None => self.go(k, cfg, &[&xp, &wp, &yp, &d, &mode, &eps]),
+            // __q8: (..., float eps, signed char* xq, float2* xds)
+            Some((kq, _)) => {
+                same_instance(k, kq, OP)?;
+                self.go(&kq.0, cfg, &[&xp, &wp, &yp, &d, &mode, &eps, &qp, &dp])
+            }
+        }
     }
 
     /// L2 norm over groups of `dim` values of `x` into `y`.
@@ -249,6 +323,7 @@ impl CudaDevice {
     }
 
     /// `out = act(gate) * up` over `rows x cols` contiguous values.
+    #[allow(clippy::too_many_arguments)]
     pub fn glu_ptr(
         &self,
         k: &Kern,
@@ -257,12 +332,14 @@ impl CudaDevice {
         out: DevPtr<f32>,
         rows: usize,
         cols: usize,
+        q8: Option<(&KernQ8, Q8Ptrs)>,
     ) -> Result<(), CudaError> {
-        self.glu_strided_ptr(k, gate, up, out, rows, cols, [cols; 3])
+        self.glu_strided_ptr(k, gate, up, out, rows, cols, [cols; 3], q8)
     }
 
     /// GLU with row strides `[gate, up, out]` in elements (gate and up may be the two halves
-    /// of one fused `[rows, 2 cols]` projection).
+    /// of one fused `[rows, 2 cols]` projection). `q8`: also the int8 side-car of the output
+    /// (contiguous output, `cols % 32 == 0`).
     #[allow(clippy::too_many_arguments)]
     pub fn glu_strided_ptr(
         &self,
@@ -273,6 +350,7 @@ impl CudaDevice {
         rows: usize,
         cols: usize,
         strides: [usize; 3],
+        q8: Option<(&KernQ8, Q8Ptrs)>,
     ) -> Result<(), CudaError> {
         const OP: &str = "glu";
         expect(k, &[Op::Geglu, Op::Swiglu], OP)?;
@@ -285,9 +363,13 @@ impl CudaDevice {
         {
             return Err(invalid(OP, format!("buffers too small for {rows}x{cols}")));
         }
+        if q8.is_some() && strides[2] != cols {
+            return Err(invalid(OP, "a side-car needs a contiguous output".into()));
+        }
         if n == 0 {
             return Ok(());
         }
+        let (qp, dp) = q8_args(OP, q8.map(|(_, p)| p), n, cols)?;
         let threads = k.spec.param_u32("threads").unwrap_or(256);
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, n.div_ceil(threads as usize))?, 1, 1),
@@ -297,9 +379,20 @@ impl CudaDevice {
         let (gp, upp, op) = (gate.raw(), up.raw(), out.raw());
         let (r, c) = (int(OP, "rows", rows)?, int(OP, "cols", cols)?);
         let [sg, su, so] = strides.map(|v| v as i64);
-        // (const float* gate, const float* up, float* out, int rows, int cols,
-        //  long long gate_stride, long long up_stride, long long out_stride)
-        self.go(k, cfg, &[&gp, &upp, &op, &r, &c, &sg, &su, &so])
+        match q8 {
+            // (const float* gate, const float* up, float* out, int rows, int cols,
+            //  long long gate_stride, long long up_stride, long long out_stride)
+            None => self.go(k, cfg, &[&gp, &upp, &op, &r, &c, &sg, &su, &so]),
+            // __q8: (..., long long out_stride, signed char* xq, float2* xds)
+            Some((kq, _)) => {
+                same_instance(k, kq, OP)?;
+                self.go(
+                    &kq.0,
+                    cfg,
+                    &[&gp, &upp, &op, &r, &c, &sg, &su, &so, &qp, &dp],
+                )
+            }
+        }
     }
 
     /// `y = f(a, b)` over `rows x cols` (see [`EwiseMode`]); `b` is required by the binary modes.
@@ -578,7 +671,7 @@ impl CudaDevice {
 }
 
 /// One kernel argument (a pointer as `u64`, or a scalar).
-trait ArgPush {
+pub(super) trait ArgPush {
     fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
 }
 macro_rules! arg_push {

@@ -16,6 +16,7 @@ mod launch;
 pub mod launch_attn;
 mod launch_decode;
 mod launch_gemm;
+mod launch_fused;
 mod launch_linear;
 mod launch_moe;
 mod launch_ptr;
@@ -34,14 +35,15 @@ pub use kv::MIN_SPLIT_KEYS;
 pub use launch::{GluShape, RopeLaunch};
 pub use launch_attn::{AttnPrefillLaunch, KvLayout};
 pub use launch_decode::{AttnDecodeLaunch, AttnScratch, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS};
+pub use launch_fused::{AttnPrepBufs, AttnPrepLaunch, ATTN_PREP_MAX_HEAD_DIM};
 pub use launch_gemm::{chunk_rows, tile_cost, tile_efficiency, GemmPipe, GemmTile, GEMM_PIPE_BK};
 pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
 pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
-pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, NormWeightPtr};
+pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, KernQ8, NormWeightPtr};
 pub use probe::cuda_available;
 pub use sampler::{
     kernel_params, sample_scratch_words, CudaSamplerState, MAX_BANNED, SAMPLE_BLOCK_LOGITS,
 };
-pub use types::{GpuKvCache, GpuTensor, GpuWeight, KvType, WeightView};
+pub use types::{GpuKvCache, GpuTensor, GpuWeight, KvType, Q8Ptrs, Q8Side, WeightView};
 
 pub use cudarc::driver::{CudaSlice, CudaView};

@@ -7,15 +7,61 @@ use super::error::CudaError;
 use crate::backend::KvShape;
 use crate::kernels::Quant;
 
+/// The int8 quantisation of a tensor's values in `quantize_q8`'s layout (what the block-format
+/// GEMV reads): `len` int8 values, then `len / 32` f32 pairs `{d, d * sum(q)}`, in one pooled
+/// buffer. Written by the kernel that wrote the tensor (rmsnorm, add_rmsnorm, glu) with the same
+/// rounding code as `quantize_q8` (`lib/q8.cuh.tera`), so `linear` can skip that launch.
+#[derive(Debug)]
+pub struct Q8Side {
+    pub buf: DevBuf,
+    /// Values covered: the tensor's `rows * cols`, a multiple of 32.
+    pub len: usize,
+}
+
+impl Q8Side {
+    /// Bytes of the side-car of `len` values.
+    pub fn bytes(len: usize) -> usize {
+        len + len / 32 * 8
+    }
+
+    /// The int8 values (`len`).
+    pub fn q(&self) -> DevPtr<i8> {
+        self.buf
+            .ptr::<i8>()
+            .slice(0, self.len)
+            .expect("a side-car buffer holds Q8Side::bytes(len) bytes")
+    }
+
+    /// The `{d, d * sum}` pairs as `len / 16` floats.
+    pub fn ds(&self) -> DevPtr<f32> {
+        self.buf
+            .u8()
+            .slice(self.len, self.len / 4)
+            .expect("a side-car buffer holds Q8Side::bytes(len) bytes")
+            .cast()
+    }
+
+    /// `(q, ds)`, what the launch helpers of the producing kernels take.
+    pub fn ptrs(&self) -> Q8Ptrs {
+        (self.q(), self.ds())
+    }
+}
+
+/// Where a kernel writes an int8 side-car: `len` int8 values and `len / 16` floats of pairs.
+pub type Q8Ptrs = (DevPtr<i8>, DevPtr<f32>);
+
 /// An activation tensor: row-major f32 `[rows, cols]` in a pooled buffer, from float `off` on.
 /// Several tensors may share a buffer (a one-row column slice is a view, not a copy); no op
-/// writes into its inputs, so sharing is safe.
+/// writes into its inputs, so sharing is safe (and so is a side-car: the values it quantises
+/// never change after the kernel that wrote both).
 #[derive(Debug)]
 pub struct GpuTensor {
     pub buf: Arc<DevBuf>,
     pub off: usize,
     pub rows: usize,
     pub cols: usize,
+    /// The int8 side-car of the values, when the producing kernel wrote one (views carry none).
+    pub q8: Option<Q8Side>,
 }
 
 impl GpuTensor {
@@ -26,7 +72,14 @@ impl GpuTensor {
             off: 0,
             rows,
             cols,
+            q8: None,
         }
+    }
+
+    /// The same tensor carrying `q8` (the side-car of exactly its `rows * cols` values).
+    pub fn with_q8(mut self, q8: Option<Q8Side>) -> GpuTensor {
+        self.q8 = q8.filter(|s| s.len == self.rows * self.cols);
+        self
     }
 
     /// `len` floats of this tensor's buffer from `start` (relative to the tensor) as a
@@ -37,6 +90,7 @@ impl GpuTensor {
             off: self.off + start,
             rows: 1,
             cols: len,
+            q8: None,
         })
     }
 

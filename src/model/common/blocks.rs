@@ -2,7 +2,9 @@
 //! mixture-of-experts block (optionally with a sigmoid-gated shared expert) and a grouped-query
 //! attention layer (q/k norms, partial RoPE, optional per-head output gate).
 
-use crate::backend::{can_concat, Activation, AttnParams, Backend, MoeParams, Norm, Rope};
+use crate::backend::{
+    can_concat, Activation, AttnParams, AttnPrep, Backend, MoeParams, Norm, Rope,
+};
 use crate::bk;
 use crate::model::ModelError;
 use crate::weights::TensorRef;
@@ -28,13 +30,20 @@ impl<B: Backend> NormW<B> {
             dim,
         })
     }
-    pub fn apply(&self, be: &B, x: &B::Tensor) -> R<B::Tensor> {
-        let n = if self.one_plus {
+    /// How the weight applies, as the backend takes it.
+    pub fn norm(&self) -> Norm<'_, B::Tensor> {
+        if self.one_plus {
             Norm::OnePlus(&self.w)
         } else {
             Norm::Plain(&self.w)
-        };
-        bk!(be.rms_norm(x, n, self.eps, self.dim))
+        }
+    }
+    pub fn apply(&self, be: &B, x: &B::Tensor) -> R<B::Tensor> {
+        bk!(be.rms_norm(x, self.norm(), self.eps, self.dim))
+    }
+    /// The residual add `h + y` and this norm of the sum: `(h + y, norm(h + y))`.
+    pub fn add_apply(&self, be: &B, h: &B::Tensor, y: &B::Tensor) -> R<(B::Tensor, B::Tensor)> {
+        bk!(be.add_rms_norm(h, y, self.norm(), self.eps, self.dim))
     }
 }
 
@@ -176,6 +185,17 @@ pub struct AttentionLayer<B: Backend> {
 }
 
 impl<B: Backend> AttentionLayer<B> {
+    /// The eps of the q/k norms when [`Backend::attn_prep`] can do them: per-head groups of
+    /// the RoPE head dim and one eps for both (else None: the ops one by one).
+    fn prep_eps(&self) -> Option<f32> {
+        let hd = self.rope.head_dim;
+        let norms: Vec<&NormW<B>> = [&self.q_norm, &self.k_norm].into_iter().flatten().collect();
+        if norms.iter().any(|n| n.dim != hd || n.eps != norms[0].eps) {
+            return None;
+        }
+        Some(norms.first().map_or(0.0, |n| n.eps))
+    }
+
     pub fn forward(
         &self,
         be: &B,
@@ -193,16 +213,38 @@ impl<B: Backend> AttentionLayer<B> {
         } else {
             (qf, None)
         };
-        let q = match &self.q_norm {
-            Some(n) => n.apply(be, &q)?,
-            None => q,
+        let q = match self.prep_eps() {
+            // q/k norms, RoPE and the cache write as one op (one kernel on the GPU)
+            Some(eps) => bk!(be.attn_prep(
+                &q,
+                &k,
+                &v,
+                cache,
+                pos0,
+                &AttnPrep {
+                    n_heads: p.n_heads,
+                    n_kv_heads: p.n_kv_heads,
+                    q_norm: self.q_norm.as_ref().map(NormW::norm),
+                    k_norm: self.k_norm.as_ref().map(NormW::norm),
+                    v_norm: None,
+                    eps,
+                    rope: &self.rope,
+                },
+            ))?,
+            None => {
+                let q = match &self.q_norm {
+                    Some(n) => n.apply(be, &q)?,
+                    None => q,
+                };
+                if let Some(n) = &self.k_norm {
+                    k = n.apply(be, &k)?;
+                }
+                let q = bk!(be.rope(&q, p.n_heads, pos0, &self.rope))?;
+                let k = bk!(be.rope(&k, p.n_kv_heads, pos0, &self.rope))?;
+                bk!(be.kv_write(cache, pos0, &k, &v))?;
+                q
+            }
         };
-        if let Some(n) = &self.k_norm {
-            k = n.apply(be, &k)?;
-        }
-        let q = bk!(be.rope(&q, p.n_heads, pos0, &self.rope))?;
-        let k = bk!(be.rope(&k, p.n_kv_heads, pos0, &self.rope))?;
-        bk!(be.kv_write(cache, pos0, &k, &v))?;
         let mut a = bk!(be.attention(&q, cache, pos0, p))?;
         if let Some(g) = gate {
             a = bk!(be.sigmoid_gate(&a, &g))?;

@@ -19,12 +19,19 @@ use crate::model::common::replay::StepReplay;
 use super::layers::{GemmaWeights, Layer};
 use super::spec::{GemmaSpec, NormForm};
 use super::weights::me;
-use crate::backend::{Activation, AttnParams, Backend, KvShape, Norm};
+use crate::backend::{Activation, AttnParams, AttnPrep, Backend, KvShape, Norm};
 use crate::engine::SamplingParams;
 use crate::model::{
     host_forward_sample, BackendSampler, CausalLm, Logits, ModelError, ModelInfo, Session,
     TokenSampler,
 };
+
+/// The residual stream between layers: `x + y`, the add still pending when `y` is present (so
+/// that it runs fused with the norm that reads the sum).
+struct Resid<B: Backend> {
+    x: B::Tensor,
+    y: Option<B::Tensor>,
+}
 
 pub struct GemmaModel<B: Backend> {
     pub spec: GemmaSpec,
@@ -111,30 +118,108 @@ impl<B: Backend> GemmaModel<B> {
         ))
     }
 
-    /// One decoder layer over `x` (`[n, hidden]`, rows at positions `pos0..`).
+    /// The hidden state `r.x + r.y` and `w`'s norm of it: one fused op when an add is pending.
+    fn norm_resid(&self, r: Resid<B>, w: &B::Tensor) -> Result<(B::Tensor, B::Tensor), ModelError> {
+        match r.y {
+            Some(y) => self
+                .backend
+                .add_rms_norm(&r.x, &y, self.norm(w), self.spec.eps, self.spec.hidden)
+                .map_err(me),
+            None => {
+                let n = self.rms(&r.x, w)?;
+                Ok((r.x, n))
+            }
+        }
+    }
+
+    /// One decoder layer over the hidden state `r` (`[n, hidden]`, rows at positions `pos0..`).
+    /// Every residual add followed by a norm of its sum runs as one `add_rms_norm`: the
+    /// post-attention add with `ffn_norm`, and (no PLE, no layer scalar) the layer's last add
+    /// with the next layer's `attn_norm` or the final norm, returned pending in `y`.
     fn layer(
         &self,
         i: usize,
-        x: &B::Tensor,
+        r: Resid<B>,
         pos0: usize,
         caches: &mut [Option<B::KvCache>],
         pli: Option<&B::Tensor>,
-    ) -> Result<B::Tensor, ModelError> {
+    ) -> Result<Resid<B>, ModelError> {
+        let be = &*self.backend;
         let ls = &self.spec.layers[i];
-        let h = self.rms(x, &self.weights.layers[i].attn_norm)?;
-        let q = self.query(i, &h, pos0)?;
-        if ls.kv_source.is_none() {
+        let w = &self.weights.layers[i];
+        let (x, h) = self.norm_resid(r, &w.attn_norm)?;
+        let q = if ls.kv_source.is_none() {
             let cache = caches[i]
                 .as_mut()
                 .ok_or_else(|| ModelError::Other(format!("layer {i} has no cache")))?;
-            self.write_kv(i, &h, pos0, cache)?;
-        }
+            self.prep_qkv(i, &h, pos0, cache)?
+        } else {
+            self.query(i, &h, pos0)?
+        };
         let src = ls.kv_source.unwrap_or(i);
         let cache = caches[src]
             .as_ref()
             .ok_or_else(|| ModelError::Other(format!("layer {src} has no cache")))?;
-        let x = self.attend(i, x, &q, cache, pos0, ls.n_kv_heads)?;
-        self.ffn(i, &x, pli)
+        let y = self.attn_branch(i, &q, cache, pos0, ls.n_kv_heads)?;
+        let (x, h) = be
+            .add_rms_norm(
+                &x,
+                &y,
+                self.norm(&w.ffn_norm),
+                self.spec.eps,
+                self.spec.hidden,
+            )
+            .map_err(me)?;
+        let y = self.ffn_branch(i, &x, &h)?;
+        if w.ple.is_none() && w.scalar.is_none() {
+            return Ok(Resid { x, y: Some(y) });
+        }
+        let x = be.add(&x, &y).map_err(me)?;
+        Ok(Resid {
+            x: self.ffn_tail(i, x, pli)?,
+            y: None,
+        })
+    }
+
+    /// Own-KV layers: the q, k, v projections of `h`, then q/k norms, RoPE and the cache write
+    /// of k and v (v-normed where the model says so; V = raw K on K=V layers) as one
+    /// `attn_prep`. Returns the rotated q.
+    fn prep_qkv(
+        &self,
+        i: usize,
+        h: &B::Tensor,
+        pos0: usize,
+        cache: &mut B::KvCache,
+    ) -> Result<B::Tensor, ModelError> {
+        let be = &*self.backend;
+        let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
+        let (Some(wk), Some(kn)) = (&w.k, &w.k_norm) else {
+            return Err(ModelError::Other(format!("layer {i} has no K projection")));
+        };
+        if ls.rope.head_dim != ls.head_dim {
+            // not the shape attn_prep takes: the ops one by one
+            let q = self.query(i, h, pos0)?;
+            self.write_kv(i, h, pos0, cache)?;
+            return Ok(q);
+        }
+        let q = be.linear(h, &w.q).map_err(me)?;
+        let k = be.linear(h, wk).map_err(me)?;
+        let v = match &w.v {
+            Some(wv) => Some(be.linear(h, wv).map_err(me)?),
+            None => None,
+        };
+        let p = AttnPrep {
+            n_heads: self.spec.n_heads,
+            n_kv_heads: ls.n_kv_heads,
+            q_norm: Some(self.norm(&w.q_norm)),
+            k_norm: Some(self.norm(kn)),
+            v_norm: self.spec.v_norm.then_some(Norm::None),
+            eps: self.spec.eps,
+            rope: &ls.rope,
+        };
+        // K=V layers: V is the raw K projection (before k_norm and RoPE)
+        be.attn_prep(&q, &k, v.as_ref().unwrap_or(&k), cache, pos0, &p)
+            .map_err(me)
     }
 
     /// `rope(q_norm(Wq h))` for rows at positions `pos0..`.
@@ -189,6 +274,19 @@ impl<B: Backend> GemmaModel<B> {
         pos0: usize,
         n_kv_heads: usize,
     ) -> Result<B::Tensor, ModelError> {
+        let y = self.attn_branch(i, q, cache, pos0, n_kv_heads)?;
+        self.backend.add(x, &y).map_err(me)
+    }
+
+    /// `post_attn_norm(Wo attention(q, cache))`: what the residual adds after attention.
+    fn attn_branch(
+        &self,
+        i: usize,
+        q: &B::Tensor,
+        cache: &B::KvCache,
+        pos0: usize,
+        n_kv_heads: usize,
+    ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
         let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
         let p = AttnParams {
@@ -205,7 +303,7 @@ impl<B: Backend> GemmaModel<B> {
         };
         let a = be.attention(q, cache, pos0, &p).map_err(me)?;
         let o = be.linear(&a, &w.o).map_err(me)?;
-        be.add(x, &self.rms(&o, &w.post_attn_norm)?).map_err(me)
+        self.rms(&o, &w.post_attn_norm)
     }
 
     /// The feed-forward half of layer `i` (+ MoE, + PLE, times the layer scalar).
@@ -215,22 +313,48 @@ impl<B: Backend> GemmaModel<B> {
         x: &B::Tensor,
         pli: Option<&B::Tensor>,
     ) -> Result<B::Tensor, ModelError> {
+        let h = self.rms(x, &self.weights.layers[i].ffn_norm)?;
+        let y = self.ffn_branch(i, x, &h)?;
+        let x = self.backend.add(x, &y).map_err(me)?;
+        self.ffn_tail(i, x, pli)
+    }
+
+    /// `post_ffn_norm(mlp(h) [+ MoE])` for the residual `x` and its `ffn_norm` `h`: what the
+    /// residual adds after the feed-forward block.
+    fn ffn_branch(&self, i: usize, x: &B::Tensor, h: &B::Tensor) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
         let w: &Layer<B> = &self.weights.layers[i];
-        let h = self.rms(x, &w.ffn_norm)?;
-        let gu = w.mlp.gate_up.forward(be, &h, Activation::GeluTanh)?;
+        let gu = w.mlp.gate_up.forward(be, h, Activation::GeluTanh)?;
         let f = be.linear(&gu, &w.mlp.down).map_err(me)?;
-        let f = match &w.moe {
+        match &w.moe {
             Some(moe) => {
                 let f1 = self.rms(&f, &moe.post_norm_1)?;
                 let f2 = moe.forward(be, x, self.spec.eps, |t| self.norm(t))?;
-                be.add(&f1, &f2).map_err(me)?
+                // post_ffn_norm(f1 + f2) in one op (the sum itself is not needed)
+                let (_, n) = be
+                    .add_rms_norm(
+                        &f1,
+                        &f2,
+                        self.norm(&w.post_ffn_norm),
+                        self.spec.eps,
+                        self.spec.hidden,
+                    )
+                    .map_err(me)?;
+                Ok(n)
             }
-            None => f,
-        };
-        let mut x = be.add(x, &self.rms(&f, &w.post_ffn_norm)?).map_err(me)?;
+            None => self.rms(&f, &w.post_ffn_norm),
+        }
+    }
 
-        // per-layer embedding
+    /// After the feed-forward residual add: the per-layer embedding and the layer scalar.
+    fn ffn_tail(
+        &self,
+        i: usize,
+        mut x: B::Tensor,
+        pli: Option<&B::Tensor>,
+    ) -> Result<B::Tensor, ModelError> {
+        let be = &*self.backend;
+        let w: &Layer<B> = &self.weights.layers[i];
         if let (Some(ple), Some(pli)) = (&w.ple, pli) {
             let pd = self.spec.ple_dim;
             let mine = be.slice_cols(pli, i * pd, pd).map_err(me)?;
@@ -255,14 +379,15 @@ impl<B: Backend> GemmaModel<B> {
     ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
         be.begin_forward(ids, pos0).map_err(me)?;
-        let mut x = be
+        let x = be
             .embed(&self.weights.embed, ids, self.spec.embed_scale)
             .map_err(me)?;
         let pli = self.ple_inputs(ids, &x)?;
+        let mut r = Resid { x, y: None };
         for i in 0..self.spec.n_layers() {
-            x = self.layer(i, &x, pos0, caches, pli.as_ref())?;
+            r = self.layer(i, r, pos0, caches, pli.as_ref())?;
         }
-        self.rms(&x, &self.weights.final_norm)
+        Ok(self.norm_resid(r, &self.weights.final_norm)?.1)
     }
 
     /// Logits of the rows of `h` (`[n, hidden]`), soft-capped if the model says so.

@@ -419,8 +419,18 @@ impl<B: Backend> QwenSession<B> {
         let n = tokens.len();
         bk!(be.begin_forward(tokens, pos0))?;
         let mut h = bk!(be.embed(&m.embed, tokens, 1.0))?;
+        // The residual stream is h + y: every add is fused with the norm that follows it (the
+        // post-attention norm, the next layer's input norm, the final norm).
+        let mut pending: Option<B::Tensor> = None;
         for (layer, st) in m.layers.iter().zip(states.iter_mut()) {
-            let x = layer.attn_norm.apply(be, &h)?;
+            let x = match pending.take() {
+                None => layer.attn_norm.apply(be, &h)?,
+                Some(y) => {
+                    let (s, x) = layer.attn_norm.add_apply(be, &h, &y)?;
+                    h = s;
+                    x
+                }
+            };
             let y = match (&layer.mixer, st) {
                 (MixerW::Attn(a), LayerState::Kv(c)) => a.forward(be, &x, c, pos0)?,
                 (MixerW::Gdn(g), LayerState::Gdn(s)) => g.forward(be, &x, s)?,
@@ -430,20 +440,25 @@ impl<B: Backend> QwenSession<B> {
                     ))
                 }
             };
-            h = bk!(be.add(&h, &y))?;
-            let x = layer.post_norm.apply(be, &h)?;
-            let y = match &layer.ffn {
+            let (s, x) = layer.post_norm.add_apply(be, &h, &y)?;
+            h = s;
+            pending = Some(match &layer.ffn {
                 Ffn::Dense(d) => d.forward(be, &x)?,
                 Ffn::Moe(moe) => moe.forward(be, &x)?,
-            };
-            h = bk!(be.add(&h, &y))?;
+            });
         }
-        let h = if all {
-            h
+        // only the last row reaches the head unless every row's logits are asked for (rows are
+        // independent here: slicing h and y first equals slicing their sum)
+        let last = |t: &B::Tensor| -> R<B::Tensor> { Ok(bk!(be.slice_rows(t, n - 1, 1))?) };
+        let (h, pending) = if all || n == 1 {
+            (h, pending)
         } else {
-            bk!(be.slice_rows(&h, n - 1, 1))?
+            (last(&h)?, pending.as_ref().map(last).transpose()?)
         };
-        let h = m.norm.apply(be, &h)?;
+        let h = match pending {
+            Some(y) => m.norm.add_apply(be, &h, &y)?.1,
+            None => m.norm.apply(be, &h)?,
+        };
         Ok(bk!(be.linear(&h, m.lm_head.as_ref().unwrap_or(&m.embed)))?)
     }
 

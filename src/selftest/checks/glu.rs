@@ -1,8 +1,10 @@
 //! GeGLU / SwiGLU instances vs `crate::ops::{geglu, swiglu}`: contiguous operands, and gate/up
-//! as the two halves of one fused `[rows, 2 * cols]` projection (strided views).
+//! as the two halves of one fused `[rows, 2 * cols]` projection (strided views); the `__q8`
+//! entry on one fused row (int8 side-car: bytes and scales exactly `quantize_q8_1` of out).
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::{CudaError, GluShape};
+use super::add_rmsnorm::side_car_cmp;
+use crate::backend::cuda::{CudaError, DevPtr, GluShape, Kern};
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::{geglu, swiglu};
 
@@ -72,6 +74,42 @@ impl KernelCheck for GluCheck {
         };
         cx.dev.glu(spec, &gv, &uv, &mut out.as_view_mut(), &shape)?;
         cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
+
+        // The side-car entry (`__q8`) on one fused decode row: out as above, the int8 bytes
+        // and scales exactly quantize_q8_1(out).
+        let kern = Kern {
+            spec,
+            f: cx.dev.function(spec)?,
+        };
+        let kq = cx.dev.kern_q8(&kern)?;
+        let ff = 12_288usize;
+        let fused = uniform(&mut cx.rng, 2 * ff, -6.0, 6.0);
+        let want = reference(op, &fused[..ff], &fused[ff..]);
+        let df = cx.dev.upload(&fused)?;
+        let dout = cx.dev.filled_f32(ff, f32::NAN)?;
+        let dq = cx.dev.upload(&vec![0x7fi8; ff])?;
+        let dd = cx.dev.filled_f32(ff / 16, f32::NAN)?;
+        let all = DevPtr::of(&df);
+        let up = all.slice(ff, ff).ok_or_else(|| CudaError::Invalid {
+            op: "glu check",
+            detail: "fused row".into(),
+        })?;
+        cx.dev.glu_strided_ptr(
+            &kern,
+            all,
+            up,
+            DevPtr::of(&dout),
+            1,
+            ff,
+            [2 * ff, 2 * ff, ff],
+            Some((&kq, (DevPtr::of(&dq), DevPtr::of(&dd)))),
+        )?;
+        let y = cx.dev.download(&dout)?;
+        cmp = cmp.merge(Comparison::new(&y, &want)).merge(side_car_cmp(
+            &y,
+            &cx.dev.download(&dq)?,
+            &cx.dev.download(&dd)?,
+        ));
 
         // Timing: 32 rows x 15360.
         let (rows, cols) = (32usize, 15_360usize);

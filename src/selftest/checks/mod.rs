@@ -1,7 +1,9 @@
 //! The registry of per-op checks. Add one line per check (its own file in this folder).
 
+pub(super) mod add_rmsnorm;
 mod attn_decode;
 mod attn_prefill;
+pub(super) mod attn_prep;
 mod cast_bf16;
 mod convert;
 mod dequant_bf16;
@@ -53,6 +55,8 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &moe::MoeCombineCheck,
         &moe_grouped::MoeGroupCheck,
         &moe_grouped::MoeGemmCheck,
+        &add_rmsnorm::AddRmsNormCheck,
+        &attn_prep::AttnPrepCheck,
     ]
 }
 

@@ -1,8 +1,10 @@
 //! RMSNorm instances vs `crate::ops::rms_norm`: plain, 1+w and weightless; whole rows and
-//! per-head groups; a dim that is not a multiple of the block size.
+//! per-head groups; a dim that is not a multiple of the block size; the `__q8` entry (int8
+//! side-car: bytes and scales exactly `quantize_q8_1` of the output).
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::CudaError;
+use super::add_rmsnorm::side_car_cmp;
+use crate::backend::cuda::{CudaError, DevPtr, Kern, NormWeightPtr};
 use crate::backend::Norm;
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::{rms_norm, NormWeight};
@@ -52,6 +54,50 @@ impl KernelCheck for RmsNormCheck {
             };
             cx.dev.rms_norm(spec, &dx, dn, eps, dim, &mut out)?;
             cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
+        }
+        // The side-car entry (`__q8`): one decode row, register and loop paths, and per-head
+        // groups; y as above, the int8 bytes and scales exactly quantize_q8_1(y).
+        let kern = Kern {
+            spec,
+            f: cx.dev.function(spec)?,
+        };
+        let kq = cx.dev.kern_q8(&kern)?;
+        for &(groups, dim, mode) in &[(1usize, 4096usize, 0u8), (1, 5120, 1), (8, 128, 2)] {
+            let n = groups * dim;
+            let x = uniform(&mut cx.rng, n, -3.0, 3.0);
+            let w = uniform(&mut cx.rng, dim, -1.0, 1.5);
+            let mut want = vec![0f32; n];
+            let nw = match mode {
+                0 => NormWeight::Plain(&w),
+                1 => NormWeight::OnePlus(&w),
+                _ => NormWeight::None,
+            };
+            rms_norm(&x, nw, eps, dim, &mut want);
+            let (dx, dw) = (cx.dev.upload(&x)?, cx.dev.upload(&w)?);
+            let dy = cx.dev.filled_f32(n, f32::NAN)?;
+            let dq = cx.dev.upload(&vec![0x7fi8; n])?;
+            let dd = cx.dev.filled_f32(n / 16, f32::NAN)?;
+            let wp = match mode {
+                0 => NormWeightPtr::Plain(DevPtr::of(&dw)),
+                1 => NormWeightPtr::OnePlus(DevPtr::of(&dw)),
+                _ => NormWeightPtr::None,
+            };
+            let q8 = (DevPtr::of(&dq), DevPtr::of(&dd));
+            cx.dev.rms_norm_ptr(
+                &kern,
+                DevPtr::of(&dx),
+                wp,
+                DevPtr::of(&dy),
+                eps,
+                dim,
+                Some((&kq, q8)),
+            )?;
+            let y = cx.dev.download(&dy)?;
+            cmp = cmp.merge(Comparison::new(&y, &want)).merge(side_car_cmp(
+                &y,
+                &cx.dev.download(&dq)?,
+                &cx.dev.download(&dd)?,
+            ));
         }
         // Timing: one decode-sized batch of 32 rows x 4096.
         let (groups, dim) = (32usize, 4096usize);

@@ -5,7 +5,7 @@
 use super::super::buf::{copy, DevBuf};
 use super::super::launch::RopeLaunch;
 use super::super::launch_ptr::{copy_2d, Broadcast, EwiseMode, NormWeightPtr};
-use super::super::types::{GpuTensor, GpuWeight};
+use super::super::types::{GpuTensor, GpuWeight, Q8Side};
 use super::linear::{slice, sub};
 use super::step::StepInput;
 use super::CudaBackend;
@@ -44,6 +44,18 @@ impl CudaBackend {
             rows,
             cols,
         ))
+    }
+
+    /// A pooled int8 side-car for a `[rows, cols]` output that will feed a one-row GEMV: only
+    /// for one row of whole 32-value groups (what `linear` consumes), else None.
+    pub(super) fn q8_side(&self, rows: usize, cols: usize) -> Result<Option<Q8Side>> {
+        if rows != 1 || cols == 0 || cols % 32 != 0 {
+            return Ok(None);
+        }
+        Ok(Some(Q8Side {
+            buf: self.pool.alloc(Q8Side::bytes(cols))?,
+            len: cols,
+        }))
     }
 
     fn ewise(
@@ -129,9 +141,21 @@ impl CudaBackend {
         };
         let k = self.kern(op, Quant::F32, BatchBucket::Any)?;
         let y = self.alloc_tensor(gate.rows, gate.cols)?;
-        self.dev
-            .glu_ptr(&k, gate.ptr(), up.ptr(), y.ptr(), gate.rows, gate.cols)?;
-        Ok(y)
+        let q8 = self.q8_side(gate.rows, gate.cols)?;
+        let kq = match q8 {
+            Some(_) => Some(self.kern_q8(op)?),
+            None => None,
+        };
+        self.dev.glu_ptr(
+            &k,
+            gate.ptr(),
+            up.ptr(),
+            y.ptr(),
+            gate.rows,
+            gate.cols,
+            kq.as_ref().zip(q8.as_ref().map(Q8Side::ptrs)),
+        )?;
+        Ok(y.with_q8(q8))
     }
 
     /// act(x[:, ..ff]) * x[:, ff..] straight from the fused projection (no copies).
@@ -153,9 +177,22 @@ impl CudaBackend {
         let up = all
             .slice(ff, all.len() - ff)
             .ok_or_else(|| shape("glu_fused", "empty input".into()))?;
-        self.dev
-            .glu_strided_ptr(&k, all, up, y.ptr(), x.rows, ff, [x.cols, x.cols, ff])?;
-        Ok(y)
+        let q8 = self.q8_side(x.rows, ff)?;
+        let kq = match q8 {
+            Some(_) => Some(self.kern_q8(op)?),
+            None => None,
+        };
+        self.dev.glu_strided_ptr(
+            &k,
+            all,
+            up,
+            y.ptr(),
+            x.rows,
+            ff,
+            [x.cols, x.cols, ff],
+            kq.as_ref().zip(q8.as_ref().map(Q8Side::ptrs)),
+        )?;
+        Ok(y.with_q8(q8))
     }
 
     pub(super) fn slice_cols_impl(
@@ -282,8 +319,26 @@ impl CudaBackend {
             return Ok(y);
         }
         let k = self.kern(Op::RmsNorm, Quant::F32, BatchBucket::Any)?;
-        self.dev.rms_norm_ptr(&k, x.ptr(), wp, y.ptr(), eps, dim)?;
-        Ok(y)
+        // a whole-row norm of one row feeds a GEMV: write its int8 side-car too
+        let q8 = if dim == x.cols {
+            self.q8_side(x.rows, x.cols)?
+        } else {
+            None
+        };
+        let kq = match q8 {
+            Some(_) => Some(self.kern_q8(Op::RmsNorm)?),
+            None => None,
+        };
+        self.dev.rms_norm_ptr(
+            &k,
+            x.ptr(),
+            wp,
+            y.ptr(),
+            eps,
+            dim,
+            kq.as_ref().zip(q8.as_ref().map(Q8Side::ptrs)),
+        )?;
+        Ok(y.with_q8(q8))
     }
 
     pub(super) fn l2_norm_impl(&self, x: &GpuTensor, eps: f32, dim: usize) -> Result<GpuTensor> {
@@ -316,7 +371,7 @@ impl CudaBackend {
     }
 
     /// Device copy of a RoPE layer's frequency divisors, uploaded once per distinct content.
-    fn freq_factors(&self, ff: &[f32]) -> Result<super::super::buf::DevPtr<f32>> {
+    pub(super) fn freq_factors(&self, ff: &[f32]) -> Result<super::super::buf::DevPtr<f32>> {
         let key: Vec<u32> = ff.iter().map(|v| v.to_bits()).collect();
         let mut m = self.freq.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = m.get(&key) {

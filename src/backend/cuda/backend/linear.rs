@@ -1,7 +1,8 @@
 //! `linear` (`x @ w^T`) on the device.
 //!
 //! - n <= 8 rows: the decode GEMV of the smallest batch bucket >= n (1, 2, 4, 8); block formats
-//!   first quantise the activations to int8 per 32 (`quantize_q8`). When n is not a bucket the
+//!   first quantise the activations to int8 per 32 (`quantize_q8`), unless x is one row that
+//!   carries the int8 side-car its producer wrote (rmsnorm, add_rmsnorm, glu: same bytes). When n is not a bucket the
 //!   rows are padded with zeros (the GEMV reads `bucket` rows of x, `[bucket][k]`, and writes
 //!   `bucket` rows of y; the tensor returned is the first n rows of that buffer).
 //! - n > 8: activations to bf16 (`cast_bf16`) and the tensor-core GEMM: `gemm_pipe` over bf16
@@ -12,7 +13,7 @@
 //! The n = 1 path allocates only from the pool and copies nothing from the host.
 
 use super::super::buf::{memset, DevBuf, DevPtr};
-use super::super::types::{GpuTensor, GpuWeight};
+use super::super::types::{GpuTensor, GpuWeight, Q8Ptrs};
 use super::super::weight_block;
 use super::CudaBackend;
 use crate::backend::{BackendError, Result};
@@ -63,7 +64,12 @@ impl CudaBackend {
             return Err(shape(format!("{k} inputs is not whole 32-value blocks")));
         }
         if n <= 8 {
-            return self.gemv_rows(x.ptr(), n, v.data, v.quant, (out, k));
+            // one row with the int8 side-car its producer wrote: no quantize_q8 launch
+            let q8 =
+                x.q8.as_ref()
+                    .filter(|s| n == 1 && s.len == k)
+                    .map(|s| s.ptrs());
+            return self.gemv_rows(x.ptr(), n, v.data, v.quant, (out, k), q8);
         }
         if let Some(y) = self.linear_pipe(x, &v, super::linear_pipe::gemm_scratch_bytes())? {
             return Ok(y);
@@ -87,7 +93,7 @@ impl CudaBackend {
         for c in 0..chunks {
             let rows = 8.min(n - 8 * c);
             let xs = sub(xp, 8 * c * k, rows * k)?;
-            let part = self.gemv_rows(xs, rows, v.data, v.quant, (out, k))?;
+            let part = self.gemv_rows(xs, rows, v.data, v.quant, (out, k), None)?;
             let dst = sub(y.f32(), 8 * c * out, rows * out)?;
             super::super::buf::copy(self.pool.stream(), dst, part.ptr())?;
         }
@@ -95,6 +101,7 @@ impl CudaBackend {
     }
 
     /// `rows` (1..=8) rows of `x` against `w` (`[out, k]` of `q`) through the GEMV bucket.
+    /// `q8`: the int8 side-car of exactly `x` (used by block formats when `rows` is a bucket).
     fn gemv_rows(
         &self,
         x: DevPtr<f32>,
@@ -102,6 +109,7 @@ impl CudaBackend {
         w: DevPtr<u8>,
         q: Quant,
         (out, k): (usize, usize),
+        q8: Option<Q8Ptrs>,
     ) -> Result<GpuTensor> {
         let (bucket, b) = gemv_bucket(rows).ok_or_else(|| shape(format!("{rows} GEMV rows")))?;
         let kn = self.kern(Op::Gemv, q, bucket)?;
@@ -121,7 +129,11 @@ impl CudaBackend {
         };
         let block = weight_block(q).is_some_and(|(be, _)| be > 1);
         let (qbuf, dbuf);
-        let (xq, xds) = if block {
+        let side = q8
+            .filter(|(sq, sds)| block && rows == b && sq.len() >= b * k && sds.len() >= b * k / 16);
+        let (xq, xds) = if let Some(s) = side {
+            s
+        } else if block {
             qbuf = self.pool.alloc(b * k)?;
             dbuf = self.pool.alloc(b * k / 16 * 4)?;
             let (xq, xds) = (

@@ -1,8 +1,8 @@
 //! [`CudaBackend`]: the `Backend` trait on one CUDA device. Models run on it unchanged.
 //!
 //! Split by concern: `weights.rs` (upload), `linear.rs` (GEMV / GEMM), `elementwise.rs`
-//! (elementwise, shape, norms, RoPE, embedding), `step.rs` (token ids and positions of the
-//! current pass in device memory). KV cache, attention and MoE delegate to `CudaDevice` methods
+//! (elementwise, shape, norms, RoPE, embedding), `fused.rs` (add + norm, attention input),
+//! `step.rs` (token ids and positions of the current pass in device memory). KV cache, attention and MoE delegate to `CudaDevice` methods
 //! in `kv.rs` / `moe.rs`.
 //!
 //! Everything runs on the device's one stream; ops allocate their outputs from the pool and
@@ -10,6 +10,7 @@
 //! kept with their loaded function, so a launch does no lookup by name.
 
 mod elementwise;
+mod fused;
 mod linear;
 mod linear_pipe;
 mod step;
@@ -22,13 +23,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::buf::{read_ptr, DevBuf, Pool, PoolStats};
 use super::error::CudaError;
 use super::graph::StepGraph;
-use super::launch_ptr::Kern;
+use super::launch_ptr::{Kern, KernQ8};
 use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
 use super::CudaDevice;
 use crate::backend::cuda::CudaSamplerState;
 use crate::backend::{
-    Activation, AttnParams, Backend, BackendError, KvShape, MoeParams, Norm, RecordedStep, Result,
-    Rope,
+    Activation, AttnParams, AttnPrep, Backend, BackendError, KvShape, MoeParams, Norm,
+    RecordedStep, Result, Rope,
 };
 use crate::kernels::{BatchBucket, Op, Quant};
 use crate::weights::TensorRef;
@@ -46,6 +47,8 @@ pub struct CudaBackend {
     kernels: Mutex<HashMap<(Op, Quant, BatchBucket), Kern>>,
     /// The prefill GEMM's tile entries, loaded on first use (None: not on this device).
     gemm_pipe: std::sync::OnceLock<Option<super::GemmPipe>>,
+    /// Their int8 side-car entries (`__q8`) by op (rmsnorm, geglu, swiglu: f32 instances).
+    kernels_q8: Mutex<HashMap<Op, KernQ8>>,
     /// Token ids and positions of the current forward pass.
     step: Mutex<StepState>,
     /// RoPE frequency divisors on the device, keyed by their bits.
@@ -87,6 +90,7 @@ impl CudaBackend {
             sms,
             kernels: Mutex::new(HashMap::new()),
             gemm_pipe: std::sync::OnceLock::new(),
+            kernels_q8: Mutex::new(HashMap::new()),
             step: Mutex::new(StepState::default()),
             freq: Mutex::new(HashMap::new()),
             progress: Arc::new(AtomicUsize::new(0)),
@@ -120,6 +124,18 @@ impl CudaBackend {
         }
         let k = self.dev.kern(op, quant, batch)?;
         lock(&self.kernels).insert(key, k.clone());
+        Ok(k)
+    }
+
+    /// The side-car entry of the f32 instance of `op` (rmsnorm, geglu, swiglu), loaded once.
+    pub(crate) fn kern_q8(&self, op: Op) -> Result<KernQ8> {
+        if let Some(k) = lock(&self.kernels_q8).get(&op) {
+            return Ok(k.clone());
+        }
+        let k = self
+            .dev
+            .kern_q8(&self.kern(op, Quant::F32, BatchBucket::Any)?)?;
+        lock(&self.kernels_q8).insert(op, k.clone());
         Ok(k)
     }
 
@@ -313,6 +329,29 @@ impl Backend for CudaBackend {
         dim: usize,
     ) -> Result<GpuTensor> {
         self.rms_norm_impl(x, w, eps, dim)
+    }
+
+    fn add_rms_norm(
+        &self,
+        h: &GpuTensor,
+        y: &GpuTensor,
+        w: Norm<'_, GpuTensor>,
+        eps: f32,
+        dim: usize,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.add_rms_norm_impl(h, y, w, eps, dim)
+    }
+
+    fn attn_prep(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        cache: &mut GpuKvCache,
+        pos0: usize,
+        p: &AttnPrep<'_, GpuTensor>,
+    ) -> Result<GpuTensor> {
+        self.attn_prep_impl(q, k, v, cache, pos0, p)
     }
 
     fn l2_norm(&self, x: &GpuTensor, eps: f32, dim: usize) -> Result<GpuTensor> {

@@ -1,0 +1,173 @@
+//! The fused decode ops of the CUDA backend: `add_rms_norm` (residual add + the next RMSNorm,
+//! one launch, with the int8 side-car of a one-row output) and `attn_prep` (per-head q/k/v
+//! norms, RoPE, K/V into the cache: one launch instead of up to six). Both read and write
+//! only pooled or cache memory and take positions from the step buffer, so they sit in a
+//! recorded decode step like the ops they replace.
+
+use super::super::kv::{kv_layout, kv_quant, KV_SCALE};
+use super::super::launch_fused::{AttnPrepBufs, AttnPrepLaunch, ATTN_PREP_MAX_HEAD_DIM};
+use super::super::launch_ptr::NormWeightPtr;
+use super::super::types::{GpuKvCache, GpuTensor, Q8Side};
+use super::CudaBackend;
+use crate::backend::{attn_prep_composed, AttnPrep, BackendError, Norm, Result};
+use crate::kernels::{BatchBucket, Op, Quant};
+
+fn shape(op: &'static str, detail: String) -> BackendError {
+    BackendError::Shape { op, detail }
+}
+
+/// The pointer form of a norm weight, checked to hold `dim` values.
+fn norm_ptr(op: &'static str, n: &Norm<'_, GpuTensor>, dim: usize) -> Result<NormWeightPtr> {
+    let p = match n {
+        Norm::Plain(t) => NormWeightPtr::Plain(t.ptr()),
+        Norm::OnePlus(t) => NormWeightPtr::OnePlus(t.ptr()),
+        Norm::None => return Ok(NormWeightPtr::None),
+    };
+    if let NormWeightPtr::Plain(w) | NormWeightPtr::OnePlus(w) = p {
+        if w.len() != dim {
+            return Err(shape(
+                op,
+                format!("norm weight of {} values for groups of {dim}", w.len()),
+            ));
+        }
+    }
+    Ok(p)
+}
+
+impl CudaBackend {
+    pub(super) fn add_rms_norm_impl(
+        &self,
+        h: &GpuTensor,
+        y: &GpuTensor,
+        w: Norm<'_, GpuTensor>,
+        eps: f32,
+        dim: usize,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        const OP: &str = "add_rms_norm";
+        if h.rows != y.rows || h.cols != y.cols {
+            return Err(shape(
+                OP,
+                format!("[{}, {}] vs [{}, {}]", h.rows, h.cols, y.rows, y.cols),
+            ));
+        }
+        if dim == 0 || h.cols % dim != 0 {
+            return Err(shape(OP, format!("{} columns in groups of {dim}", h.cols)));
+        }
+        let wp = norm_ptr(OP, &w, dim)?;
+        let s = self.alloc_tensor(h.rows, h.cols)?;
+        let n = self.alloc_tensor(h.rows, h.cols)?;
+        if h.is_empty() {
+            return Ok((s, n));
+        }
+        // a whole-row norm of one row feeds a GEMV: write its int8 side-car too
+        let q8 = if dim == h.cols {
+            self.q8_side(h.rows, h.cols)?
+        } else {
+            None
+        };
+        let k = self.kern(Op::AddRmsNorm, Quant::F32, BatchBucket::Any)?;
+        self.dev.add_rms_norm_ptr(
+            &k,
+            h.ptr(),
+            y.ptr(),
+            s.ptr(),
+            wp,
+            n.ptr(),
+            eps,
+            dim,
+            q8.as_ref().map(Q8Side::ptrs),
+        )?;
+        Ok((s, n.with_q8(q8)))
+    }
+
+    pub(super) fn attn_prep_impl(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        cache: &mut GpuKvCache,
+        pos0: usize,
+        p: &AttnPrep<'_, GpuTensor>,
+    ) -> Result<GpuTensor> {
+        const OP: &str = "attn_prep";
+        let r = p.rope;
+        let hd = r.head_dim;
+        if hd != cache.shape.head_dim || p.n_kv_heads != cache.shape.n_kv_heads {
+            return Err(shape(
+                OP,
+                format!(
+                    "{} KV heads x {hd} for a cache of {} x {}",
+                    p.n_kv_heads, cache.shape.n_kv_heads, cache.shape.head_dim
+                ),
+            ));
+        }
+        let kvw = p.n_kv_heads * hd;
+        if q.cols != p.n_heads * hd
+            || k.cols != kvw
+            || v.cols != kvw
+            || k.rows != q.rows
+            || v.rows != q.rows
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "q [{}, {}] k [{}, {}] v [{}, {}] for {} / {} heads x {hd}",
+                    q.rows, q.cols, k.rows, k.cols, v.rows, v.cols, p.n_heads, p.n_kv_heads
+                ),
+            ));
+        }
+        let ff_ok = r
+            .freq_factors
+            .as_ref()
+            .is_none_or(|f| f.len() >= r.rot_dims / 2);
+        let fused = hd % 2 == 0
+            && hd <= ATTN_PREP_MAX_HEAD_DIM
+            && r.rot_dims % 2 == 0
+            && r.rot_dims <= hd
+            && r.freq_base_dims > 0
+            && ff_ok;
+        if !fused || q.rows == 0 {
+            // shapes the kernel does not take: the plain ops (which report what is wrong)
+            return attn_prep_composed(self, q, k, v, cache, pos0, p);
+        }
+        let norm = |n: &Option<Norm<'_, GpuTensor>>| -> Result<Option<NormWeightPtr>> {
+            n.as_ref().map(|n| norm_ptr(OP, n, hd)).transpose()
+        };
+        let (qn, kn, vn) = (norm(&p.q_norm)?, norm(&p.k_norm)?, norm(&p.v_norm)?);
+        let ff = match &r.freq_factors {
+            Some(f) => Some(self.freq_factors(f)?),
+            None => None,
+        };
+        let pos = self.positions(pos0, q.rows)?;
+        let q_out = self.alloc_tensor(q.rows, q.cols)?;
+        let kern = self.kern(Op::AttnPrep, kv_quant(cache.kv_type), BatchBucket::Any)?;
+        let launch = AttnPrepLaunch {
+            rows: q.rows,
+            n_heads: p.n_heads,
+            rot_dims: r.rot_dims,
+            freq_base_dims: r.freq_base_dims,
+            layout: r.layout,
+            theta: r.theta,
+            eps: p.eps,
+            k_scale: KV_SCALE,
+            v_scale: KV_SCALE,
+        };
+        let bufs = AttnPrepBufs {
+            q: q.ptr(),
+            k: k.ptr(),
+            v: v.ptr(),
+            pos: pos.ptr,
+            freq_factors: ff,
+            q_norm: qn,
+            k_norm: kn,
+            v_norm: vn,
+            q_out: q_out.ptr(),
+            k_cache: cache.k.u8(),
+            v_cache: cache.v.u8(),
+        };
+        let layout = kv_layout(&cache.shape, cache.kv_type);
+        self.dev.attn_prep_ptr(&kern, &launch, &layout, &bufs)?;
+        cache.len = cache.len.max(pos0 + q.rows);
+        Ok(q_out)
+    }
+}

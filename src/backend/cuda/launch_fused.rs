@@ -1,0 +1,248 @@
+//! Launches of the fused decode kernels: `add_rmsnorm` (residual add + RMSNorm of the sum, with
+//! an optional int8 side-car) and `attn_prep` (per-head q/k/v norms, RoPE, K/V into the paged
+//! cache). Like `launch_ptr.rs`: raw device pointers, shapes validated against their lengths
+//! (errors, never panics), the kernel signature stated at each launch.
+
+use cudarc::driver::LaunchConfig;
+
+use super::buf::DevPtr;
+use super::error::CudaError;
+use super::launch_attn::KvLayout;
+use super::launch_decode::kv_elem_bytes;
+use super::launch_ptr::{expect, grid, int, invalid, q8_args, Kern, NormWeightPtr};
+use super::types::Q8Ptrs;
+use super::CudaDevice;
+use crate::kernels::Op;
+use crate::ops::RopeLayout;
+
+/// Largest head dim `attn_prep` takes (its shared staging buffer).
+pub const ATTN_PREP_MAX_HEAD_DIM: usize = 512;
+
+/// The kernels' `(mode, w)` of an optional norm: -1 none, 0 plain, 1 one-plus, 2 weightless.
+fn norm_mode(
+    op: &'static str,
+    n: Option<NormWeightPtr>,
+    dim: usize,
+) -> Result<(i32, u64), CudaError> {
+    let (mode, w) = match n {
+        None => return Ok((-1, 0)),
+        Some(NormWeightPtr::None) => return Ok((2, 0)),
+        Some(NormWeightPtr::Plain(w)) => (0, w),
+        Some(NormWeightPtr::OnePlus(w)) => (1, w),
+    };
+    if w.len() != dim {
+        return Err(invalid(
+            op,
+            format!("norm weight of {} values for groups of {dim}", w.len()),
+        ));
+    }
+    Ok((mode, w.raw()))
+}
+
+/// Shape and parameters of one `attn_prep` launch.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnPrepLaunch {
+    pub rows: usize,
+    pub n_heads: usize,
+    pub rot_dims: usize,
+    pub freq_base_dims: usize,
+    pub layout: RopeLayout,
+    pub theta: f32,
+    pub eps: f32,
+    /// Stored value = x / scale (as `kv_write`).
+    pub k_scale: f32,
+    pub v_scale: f32,
+}
+
+/// The buffers of one `attn_prep` launch.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnPrepBufs {
+    /// f32 `[rows, n_heads * d]`, `[rows, hkv * d]`, `[rows, hkv * d]`.
+    pub q: DevPtr<f32>,
+    pub k: DevPtr<f32>,
+    pub v: DevPtr<f32>,
+    /// Position of each row (device memory).
+    pub pos: DevPtr<i32>,
+    /// `rot_dims / 2` RoPE frequency divisors, or None.
+    pub freq_factors: Option<DevPtr<f32>>,
+    /// Per-head norms (weights of `d` values); None: no norm.
+    pub q_norm: Option<NormWeightPtr>,
+    pub k_norm: Option<NormWeightPtr>,
+    pub v_norm: Option<NormWeightPtr>,
+    /// The rotated q, f32 `[rows, n_heads * d]`.
+    pub q_out: DevPtr<f32>,
+    pub k_cache: DevPtr<u8>,
+    pub v_cache: DevPtr<u8>,
+}
+
+impl CudaDevice {
+    /// `s = a + b`, `y = rms_norm(s)` over groups of `dim` values (all four the same length),
+    /// plus the int8 side-car of `y` when `q8` is given (`dim % 32 == 0`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm_ptr(
+        &self,
+        k: &Kern,
+        a: DevPtr<f32>,
+        b: DevPtr<f32>,
+        s: DevPtr<f32>,
+        w: NormWeightPtr,
+        y: DevPtr<f32>,
+        eps: f32,
+        dim: usize,
+        q8: Option<Q8Ptrs>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "add_rms_norm";
+        expect(k, &[Op::AddRmsNorm], OP)?;
+        let n = a.len();
+        if dim == 0 || n == 0 || n % dim != 0 || b.len() != n || s.len() != n || y.len() != n {
+            return Err(invalid(
+                OP,
+                format!(
+                    "a {n} / b {} / s {} / y {} not groups of {dim}",
+                    b.len(),
+                    s.len(),
+                    y.len()
+                ),
+            ));
+        }
+        let (mode, wp) = norm_mode(OP, Some(w), dim)?;
+        let (qp, dp) = q8_args(OP, q8, n, dim)?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, n / dim)?, 1, 1),
+            block_dim: (k.spec.param_u32("threads").unwrap_or(256), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ap, bp, sp, yp, d) = (a.raw(), b.raw(), s.raw(), y.raw(), int(OP, "dim", dim)?);
+        // (const float* a, const float* b, float* s, const float* w, float* y, int dim,
+        //  int mode, float eps, signed char* xq, float2* xds)
+        self.go(
+            k,
+            cfg,
+            &[&ap, &bp, &sp, &wp, &yp, &d, &mode, &eps, &qp, &dp],
+        )
+    }
+
+    /// Per-head norms of q / k / v, RoPE of q and k at `pos`, q to `q_out`, k and v into the
+    /// paged cache of `layout` (the instance's quant is the cache type) exactly as `kv_write`
+    /// stores them; rows at positions outside `[0, capacity)` write no K/V.
+    pub fn attn_prep_ptr(
+        &self,
+        kn: &Kern,
+        p: &AttnPrepLaunch,
+        layout: &KvLayout,
+        bufs: &AttnPrepBufs,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "attn_prep";
+        expect(kn, &[Op::AttnPrep], OP)?;
+        let kvb = kv_elem_bytes(kn.spec.key.quant)
+            .ok_or_else(|| invalid(OP, format!("no cache layout for {}", kn.spec.key.quant)))?;
+        if kvb != layout.elem_bytes {
+            return Err(invalid(
+                OP,
+                format!(
+                    "{} into a cache of {}-byte elements",
+                    kn.spec.name, layout.elem_bytes
+                ),
+            ));
+        }
+        layout.check(OP, bufs.k_cache, bufs.v_cache)?;
+        let d = layout.head_dim;
+        let (qw, kvw) = (p.n_heads * d, layout.hkv * d);
+        if p.n_heads == 0
+            || d % 2 != 0
+            || d > ATTN_PREP_MAX_HEAD_DIM
+            || p.rot_dims % 2 != 0
+            || p.rot_dims > d
+            || p.freq_base_dims == 0
+        {
+            return Err(invalid(
+                OP,
+                format!("{} heads x {d}, rot_dims {}", p.n_heads, p.rot_dims),
+            ));
+        }
+        if p.rows == 0 {
+            return Ok(());
+        }
+        if bufs.q.len() < p.rows * qw
+            || bufs.q_out.len() < p.rows * qw
+            || bufs.k.len() < p.rows * kvw
+            || bufs.v.len() < p.rows * kvw
+            || bufs.pos.len() < p.rows
+        {
+            return Err(invalid(
+                OP,
+                format!(
+                    "{} rows of {qw} / {kvw}: q {} q_out {} k {} v {} pos {}",
+                    p.rows,
+                    bufs.q.len(),
+                    bufs.q_out.len(),
+                    bufs.k.len(),
+                    bufs.v.len(),
+                    bufs.pos.len()
+                ),
+            ));
+        }
+        if bufs.freq_factors.is_some_and(|f| f.len() < p.rot_dims / 2) {
+            return Err(invalid(
+                OP,
+                format!("fewer than {} freq factors", p.rot_dims / 2),
+            ));
+        }
+        if !(p.k_scale.is_finite() && p.k_scale > 0.0 && p.v_scale.is_finite() && p.v_scale > 0.0) {
+            return Err(invalid(OP, format!("scales {} / {}", p.k_scale, p.v_scale)));
+        }
+        let (qm, qwp) = norm_mode(OP, bufs.q_norm, d)?;
+        let (km, kwp) = norm_mode(OP, bufs.k_norm, d)?;
+        let (vm, vwp) = norm_mode(OP, bufs.v_norm, d)?;
+        let heads = p.n_heads + layout.hkv;
+        if heads > 65535 {
+            return Err(invalid(OP, format!("{heads} heads exceed the grid's y")));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, p.rows)?, heads as u32, 1),
+            block_dim: (kn.spec.param_u32("threads").unwrap_or(256), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ints = [
+            int(OP, "n_heads", p.n_heads)?,
+            int(OP, "hkv", layout.hkv)?,
+            int(OP, "head_dim", d)?,
+            int(OP, "rot_dims", p.rot_dims)?,
+            int(OP, "freq_base_dims", p.freq_base_dims)?,
+            match p.layout {
+                RopeLayout::Neox => 0,
+                RopeLayout::Interleaved => 1,
+            },
+        ];
+        let (pg, cap) = (
+            int(OP, "page_size", layout.page_size)?,
+            int(OP, "capacity", layout.capacity)?,
+        );
+        let (ik, iv) = (1.0f32 / p.k_scale, 1.0f32 / p.v_scale);
+        let ptrs = [
+            bufs.q.raw(),
+            bufs.k.raw(),
+            bufs.v.raw(),
+            bufs.pos.raw(),
+            bufs.freq_factors.map_or(0, |f| f.raw()),
+            qwp,
+            kwp,
+            vwp,
+        ];
+        let outs = [bufs.q_out.raw(), bufs.k_cache.raw(), bufs.v_cache.raw()];
+        // (const float* q, k, v, const int* pos, const float* freq_factors, const float* qw, kw,
+        //  vw, int q_mode, k_mode, v_mode, float eps, float* q_out, kv_t* k_cache, v_cache,
+        //  int n_heads, hkv, d, rot_dims, freq_base_dims, layout, float theta, int page_size,
+        //  capacity, float inv_k_scale, inv_v_scale); sizes checked above, the caches hold
+        //  `layout.bytes()`, and the kernel skips positions outside [0, capacity).
+        self.go(
+            kn,
+            cfg,
+            &[
+                &ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &ptrs[4], &ptrs[5], &ptrs[6], &ptrs[7],
+                &qm, &km, &vm, &p.eps, &outs[0], &outs[1], &outs[2], &ints[0], &ints[1], &ints[2],
+                &ints[3], &ints[4], &ints[5], &p.theta, &pg, &cap, &ik, &iv,
+            ],
+        )
+    }
+}

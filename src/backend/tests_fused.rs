@@ -1,0 +1,165 @@
+//! The fused ops' default bodies (what `CpuBackend` runs) equal the compositions the models ran
+//! before them, bit for bit: `add_rms_norm` = add, then rms_norm; `attn_prep` = per-head
+//! rms_norm of q / k / v, rope of q and k, kv_write. Caches are compared through what
+//! attention reads from them.
+
+use super::cpu::{CpuBackend, CpuTensor};
+use super::{AttnParams, AttnPrep, Backend, KvShape, Norm, Rope};
+use crate::ops::RopeLayout;
+
+fn lcg(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 6.0 - 3.0
+        })
+        .collect()
+}
+
+fn t(be: &CpuBackend, seed: u64, rows: usize, cols: usize) -> CpuTensor {
+    be.tensor(&lcg(seed, rows * cols), rows, cols).unwrap()
+}
+
+#[test]
+fn add_rms_norm_default_is_add_then_norm() {
+    let be = CpuBackend::new();
+    for (rows, cols, dim, mode) in [(1, 256, 256, 0), (3, 96, 96, 1), (2, 128, 32, 2)] {
+        let (a, b, w) = (
+            t(&be, 1, rows, cols),
+            t(&be, 2, rows, cols),
+            t(&be, 3, 1, dim),
+        );
+        let n = || match mode {
+            0 => Norm::Plain(&w),
+            1 => Norm::OnePlus(&w),
+            _ => Norm::None,
+        };
+        let (s, y) = be.add_rms_norm(&a, &b, n(), 1e-6, dim).unwrap();
+        let s2 = be.add(&a, &b).unwrap();
+        let y2 = be.rms_norm(&s2, n(), 1e-6, dim).unwrap();
+        assert_eq!((s.rows, s.cols, y.rows, y.cols), (rows, cols, rows, cols));
+        assert_eq!(s.data, s2.data);
+        assert_eq!(y.data, y2.data);
+    }
+    // shape errors are errors
+    let (a, b, w) = (t(&be, 1, 2, 64), t(&be, 2, 1, 64), t(&be, 3, 1, 64));
+    assert!(be.add_rms_norm(&a, &b, Norm::Plain(&w), 1e-6, 64).is_err());
+}
+
+/// Attention output of every position `0..len` of `cache` for the queries `q` (rows at `0..`).
+fn read_cache(
+    be: &CpuBackend,
+    cache: &<CpuBackend as Backend>::KvCache,
+    p: &AttnParams,
+) -> Vec<f32> {
+    let len = cache.len();
+    let q = t(be, 99, len, p.n_heads * p.head_dim);
+    be.attention(&q, cache, 0, p).unwrap().data
+}
+
+#[test]
+fn attn_prep_default_is_the_composition() {
+    let be = CpuBackend::new();
+    let (heads, hkv, hd) = (4usize, 2usize, 32usize);
+    let ff: Vec<f32> = (0..8).map(|i| 1.0 + i as f32).collect();
+    let ropes = [
+        Rope {
+            head_dim: hd,
+            rot_dims: hd,
+            theta: 1e6,
+            layout: RopeLayout::Neox,
+            freq_factors: None,
+            freq_base_dims: hd,
+        },
+        Rope {
+            head_dim: hd,
+            rot_dims: 16,
+            theta: 1e4,
+            layout: RopeLayout::Interleaved,
+            freq_factors: Some(ff),
+            freq_base_dims: hd,
+        },
+    ];
+    let shape = KvShape {
+        n_kv_heads: hkv,
+        head_dim: hd,
+        capacity: 16,
+    };
+    let ap = AttnParams {
+        n_heads: heads,
+        n_kv_heads: hkv,
+        head_dim: hd,
+        scale: 0.2,
+        window: None,
+        softcap: None,
+    };
+    let w: Vec<CpuTensor> = (0..3).map(|i| t(&be, 10 + i, 1, hd)).collect();
+    for (ri, rope) in ropes.iter().enumerate() {
+        for modes in [
+            [Some(0u8), Some(0u8), None],
+            [Some(1), Some(2), Some(2)],
+            [None, None, None],
+        ] {
+            let norm = |i: usize| {
+                modes[i].map(|m| match m {
+                    0 => Norm::Plain(&w[i]),
+                    1 => Norm::OnePlus(&w[i]),
+                    _ => Norm::None,
+                })
+            };
+            let p = AttnPrep {
+                n_heads: heads,
+                n_kv_heads: hkv,
+                q_norm: norm(0),
+                k_norm: norm(1),
+                v_norm: norm(2),
+                eps: 1e-6,
+                rope,
+            };
+            let (mut c1, mut c2) = (be.kv_cache(shape).unwrap(), be.kv_cache(shape).unwrap());
+            // a 3-row prefill then a 1-row decode step
+            for (pos0, rows, seed) in [(0usize, 3usize, 20u64), (3, 1, 30)] {
+                let q = t(&be, seed + ri as u64, rows, heads * hd);
+                let k = t(&be, seed + 1, rows, hkv * hd);
+                let v = t(&be, seed + 2, rows, hkv * hd);
+                let fused = be.attn_prep(&q, &k, &v, &mut c1, pos0, &p).unwrap();
+                // the composition the models ran before attn_prep existed
+                let nq = match norm(0) {
+                    Some(n) => be.rms_norm(&q, n, 1e-6, hd).unwrap(),
+                    None => q.clone(),
+                };
+                let nk = match norm(1) {
+                    Some(n) => be.rms_norm(&k, n, 1e-6, hd).unwrap(),
+                    None => k.clone(),
+                };
+                let nv = match norm(2) {
+                    Some(n) => be.rms_norm(&v, n, 1e-6, hd).unwrap(),
+                    None => v.clone(),
+                };
+                let rq = be.rope(&nq, heads, pos0, rope).unwrap();
+                let rk = be.rope(&nk, hkv, pos0, rope).unwrap();
+                be.kv_write(&mut c2, pos0, &rk, &nv).unwrap();
+                assert_eq!(fused.data, rq.data, "rope {ri} modes {modes:?} at {pos0}");
+            }
+            assert_eq!(c1.len(), 4);
+            assert_eq!(read_cache(&be, &c1, &ap), read_cache(&be, &c2, &ap));
+        }
+    }
+    // shape errors are errors, not panics
+    let p = AttnPrep {
+        n_heads: heads,
+        n_kv_heads: hkv,
+        q_norm: None,
+        k_norm: None,
+        v_norm: None,
+        eps: 1e-6,
+        rope: &ropes[0],
+    };
+    let mut c = be.kv_cache(shape).unwrap();
+    let (q, k) = (t(&be, 1, 1, heads * hd), t(&be, 2, 1, hkv * hd));
+    let bad_v = t(&be, 3, 1, hkv * hd - 1);
+    assert!(be.attn_prep(&q, &k, &bad_v, &mut c, 0, &p).is_err());
+}

@@ -1,0 +1,329 @@
+//! `attn_prep` instances vs `crate::ops::{rms_norm, rope}` and the cache encoding of
+//! `kv_write` (`crate::quant::f32_to_e4m3`, `half::f16::from_f32`): the rotated q (f32) and
+//! every byte of both caches. Qwen3 decode (plain q/k norms, no v norm), several rows at
+//! shuffled positions plus two rows at -1 and `capacity` that must write nothing, Gemma 4
+//! global layers (head_dim 512, p-RoPE with freq factors, weightless v-norm), interleaved
+//! partial RoPE without norms, and the golden models' head_dim 16.
+//!
+//! Cache values are compared after decoding, element by element against the reference value
+//! encoded on the host; where the two codes differ only because the reference value sits within
+//! 1e-5 (relative) of the midpoint between them (a rounding tie that f32 noise of the norm can
+//! tip either way), the GPU code counts as exact. Anything else is an error of at least one
+//! FP8 / F16 step and fails the bound.
+
+use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
+use crate::backend::cuda::{
+    AttnPrepBufs, AttnPrepLaunch, CudaError, DevPtr, Kern, KvLayout, NormWeightPtr,
+};
+use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
+use crate::ops::{rms_norm, rope, NormWeight, RopeLayout, RopeSpec};
+use crate::quant::{e4m3_to_f32, f32_to_e4m3};
+use rand::seq::SliceRandom;
+
+pub struct AttnPrepCheck;
+
+/// Decode cache bytes of `quant` (FP8 E4M3 or F16) to f32.
+pub(crate) fn decode_cache(quant: Quant, bytes: &[u8]) -> Vec<f32> {
+    match quant {
+        Quant::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect(),
+        _ => bytes.iter().map(|&b| e4m3_to_f32(b)).collect(),
+    }
+}
+
+fn round_trip(quant: Quant, x: f32) -> f32 {
+    match quant {
+        Quant::F16 => half::f16::from_f32(x).to_f32(),
+        _ => e4m3_to_f32(f32_to_e4m3(x)),
+    }
+}
+
+/// Cache bytes `got` against the f32 values `want` (one per element, 0 where nothing is
+/// written) stored in `quant`: the decoded bytes and what each should decode to (see the module
+/// docs: exact up to rounding ties).
+pub(crate) fn cache_expect(quant: Quant, got: &[u8], want: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let g = decode_cache(quant, got);
+    if g.len() != want.len() {
+        return (g, want.to_vec());
+    }
+    let rms = (want.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / want.len().max(1) as f64)
+        .sqrt() as f32;
+    let expect = want
+        .iter()
+        .zip(&g)
+        .map(|(&x, &gv)| {
+            let w = round_trip(quant, x);
+            let mid = 0.5 * (w + gv);
+            let tie = w != gv && (x - mid).abs() <= 1e-5 * x.abs().max(rms * 1e-3);
+            if tie {
+                gv
+            } else {
+                w
+            }
+        })
+        .collect();
+    (g, expect)
+}
+
+/// [`cache_expect`] as a comparison.
+fn cache_cmp(quant: Quant, got: &[u8], want: &[f32]) -> Comparison {
+    let (g, e) = cache_expect(quant, got, want);
+    Comparison::new(&g, &e)
+}
+
+/// One case: shape, RoPE, norm modes (None: no norm; Some(0) plain, Some(1) 1+w, Some(2)
+/// weightless) and the cache capacity.
+struct Case {
+    rows: usize,
+    heads: usize,
+    hkv: usize,
+    d: usize,
+    rot: usize,
+    fbd: usize,
+    layout: RopeLayout,
+    theta: f32,
+    ff: bool,
+    modes: [Option<u8>; 3],
+    cap: usize,
+}
+
+fn cases() -> Vec<Case> {
+    let c = |rows, heads, hkv, d, rot, fbd, layout, theta, ff, modes, cap| Case {
+        rows,
+        heads,
+        hkv,
+        d,
+        rot,
+        fbd,
+        layout,
+        theta,
+        ff,
+        modes,
+        cap,
+    };
+    use RopeLayout::{Interleaved, Neox};
+    vec![
+        c(
+            1,
+            32,
+            8,
+            128,
+            128,
+            128,
+            Neox,
+            1e6,
+            false,
+            [Some(0), Some(0), None],
+            4096,
+        ),
+        c(
+            5,
+            8,
+            2,
+            128,
+            128,
+            128,
+            Neox,
+            1e6,
+            false,
+            [Some(1), Some(1), None],
+            200,
+        ),
+        c(
+            2,
+            4,
+            1,
+            512,
+            128,
+            512,
+            Neox,
+            1e6,
+            true,
+            [Some(0), Some(0), Some(2)],
+            70,
+        ),
+        c(
+            3,
+            4,
+            2,
+            64,
+            32,
+            32,
+            Interleaved,
+            1e4,
+            false,
+            [None, None, None],
+            130,
+        ),
+        c(
+            4,
+            4,
+            2,
+            16,
+            16,
+            16,
+            Neox,
+            1e4,
+            false,
+            [Some(1), Some(0), Some(2)],
+            64,
+        ),
+    ]
+}
+
+fn norm_ref(x: &mut [f32], mode: Option<u8>, w: &[f32], eps: f32) {
+    let nw = match mode {
+        None => return,
+        Some(0) => NormWeight::Plain(w),
+        Some(1) => NormWeight::OnePlus(w),
+        Some(_) => NormWeight::None,
+    };
+    let src = x.to_vec();
+    rms_norm(&src, nw, eps, w.len(), x);
+}
+
+impl KernelCheck for AttnPrepCheck {
+    fn name(&self) -> &'static str {
+        "attn_prep"
+    }
+    fn covers(&self, key: &KernelKey) -> bool {
+        key.op == Op::AttnPrep
+    }
+    fn bound(&self, _: &KernelKey) -> f64 {
+        2e-5 // as rmsnorm / rope; the caches exact up to rounding ties
+    }
+    fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
+        let quant = spec.key.quant;
+        let kvb = if quant == Quant::F16 { 2 } else { 1 };
+        let kern = Kern {
+            spec,
+            f: cx.dev.function(spec)?,
+        };
+        let eps = 1e-6f32;
+        let mut cmp = Comparison::default();
+        let mut micros = 0.0;
+        for (ci, c) in cases().into_iter().enumerate() {
+            let layout = KvLayout {
+                hkv: c.hkv,
+                head_dim: c.d,
+                page_size: 64,
+                capacity: c.cap,
+                elem_bytes: kvb,
+            };
+            // c.rows rows at distinct positions, then (multi-row cases) two that write nothing
+            let extra = if c.rows > 1 { 2 } else { 0 };
+            let rows = c.rows + extra;
+            let mut order: Vec<usize> = (0..c.cap).collect();
+            order.shuffle(&mut cx.rng);
+            let mut pos: Vec<i32> = order[..c.rows].iter().map(|&p| p as i32).collect();
+            if extra > 0 {
+                pos.push(c.cap as i32);
+                pos.push(-1);
+            }
+            let (qw, kw) = (c.heads * c.d, c.hkv * c.d);
+            let q = uniform(&mut cx.rng, rows * qw, -3.0, 3.0);
+            let k = uniform(&mut cx.rng, rows * kw, -3.0, 3.0);
+            let v = uniform(&mut cx.rng, rows * kw, -3.0, 3.0);
+            let w: Vec<Vec<f32>> = (0..3)
+                .map(|_| uniform(&mut cx.rng, c.d, -1.0, 1.5))
+                .collect();
+            let ff: Option<Vec<f32>> = c.ff.then(|| uniform(&mut cx.rng, c.rot / 2, 1.0, 8.0));
+            let rs = RopeSpec {
+                head_dim: c.d,
+                rot_dims: c.rot,
+                theta: c.theta,
+                layout: c.layout,
+                freq_factors: ff.as_deref(),
+                freq_base_dims: c.fbd,
+            };
+            // reference: q rotated; the caches as f32 values at their elements
+            let mut want_q = q.clone();
+            let cache_elems = layout.bytes() / kvb;
+            let (mut want_k, mut want_v) = (vec![0f32; cache_elems], vec![0f32; cache_elems]);
+            for r in 0..rows {
+                let qr = &mut want_q[r * qw..(r + 1) * qw];
+                if pos[r] < 0 {
+                    // a negative position: q is rotated by it, which ops::rope cannot express
+                    qr.fill(f32::NAN);
+                    continue;
+                }
+                let p = pos[r] as usize;
+                for h in qr.chunks_exact_mut(c.d) {
+                    norm_ref(h, c.modes[0], &w[0], eps);
+                    rope(h, 1, p, &rs);
+                }
+                if p >= c.cap {
+                    continue;
+                }
+                for h in 0..c.hkv {
+                    let src = r * kw + h * c.d;
+                    let mut kh = k[src..src + c.d].to_vec();
+                    norm_ref(&mut kh, c.modes[1], &w[1], eps);
+                    rope(&mut kh, 1, p, &rs);
+                    let mut vh = v[src..src + c.d].to_vec();
+                    norm_ref(&mut vh, c.modes[2], &w[2], eps);
+                    let dst = layout.elem_offset(p, h);
+                    want_k[dst..dst + c.d].copy_from_slice(&kh);
+                    want_v[dst..dst + c.d].copy_from_slice(&vh);
+                }
+            }
+            let (dq, dk, dv) = (cx.dev.upload(&q)?, cx.dev.upload(&k)?, cx.dev.upload(&v)?);
+            let dpos = cx.dev.upload(&pos)?;
+            let dw: Vec<_> = w
+                .iter()
+                .map(|x| cx.dev.upload(x))
+                .collect::<Result<_, _>>()?;
+            let dff = match &ff {
+                Some(f) => Some(cx.dev.upload(f)?),
+                None => None,
+            };
+            let dout = cx.dev.filled_f32(rows * qw, f32::NAN)?;
+            let zeros = vec![0u8; layout.bytes()];
+            let (kc, vc) = (cx.dev.upload(&zeros)?, cx.dev.upload(&zeros)?);
+            let norm = |i: usize| {
+                c.modes[i].map(|m| match m {
+                    0 => NormWeightPtr::Plain(DevPtr::of(&dw[i])),
+                    1 => NormWeightPtr::OnePlus(DevPtr::of(&dw[i])),
+                    _ => NormWeightPtr::None,
+                })
+            };
+            let bufs = AttnPrepBufs {
+                q: DevPtr::of(&dq),
+                k: DevPtr::of(&dk),
+                v: DevPtr::of(&dv),
+                pos: DevPtr::of(&dpos),
+                freq_factors: dff.as_ref().map(DevPtr::of),
+                q_norm: norm(0),
+                k_norm: norm(1),
+                v_norm: norm(2),
+                q_out: DevPtr::of(&dout),
+                k_cache: DevPtr::of(&kc),
+                v_cache: DevPtr::of(&vc),
+            };
+            let lp = AttnPrepLaunch {
+                rows,
+                n_heads: c.heads,
+                rot_dims: c.rot,
+                freq_base_dims: c.fbd,
+                layout: c.layout,
+                theta: c.theta,
+                eps,
+                k_scale: 1.0,
+                v_scale: 1.0,
+            };
+            let dev = cx.dev;
+            let launch = || dev.attn_prep_ptr(&kern, &lp, &layout, &bufs);
+            launch()?;
+            cmp = cmp
+                .merge(Comparison::new(&dev.download(&dout)?, &want_q))
+                .merge(cache_cmp(quant, &dev.download(&kc)?, &want_k))
+                .merge(cache_cmp(quant, &dev.download(&vc)?, &want_v));
+            if ci == 0 {
+                micros = time_us(dev, cx.iters, launch)?;
+            }
+        }
+        Ok(Measured { cmp, micros })
+    }
+}
