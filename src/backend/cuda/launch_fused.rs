@@ -1,6 +1,6 @@
 //! Launches of the fused decode kernels: `add_rmsnorm` (residual add + RMSNorm of the sum, with
 //! an optional int8 side-car) and `attn_prep` (per-head q/k/v norms, RoPE, K/V into the paged
-//! cache). Like `launch_ptr.rs`: raw device pointers, shapes validated against their lengths
+//! cache; its multi-row entries `__rows<M>` for prefill). Like `launch_ptr.rs`: raw device pointers, shapes validated against their lengths
 //! (errors, never panics), the kernel signature stated at each launch.
 
 use cudarc::driver::LaunchConfig;
@@ -9,6 +9,7 @@ use super::buf::DevPtr;
 use super::error::CudaError;
 use super::launch_attn::KvLayout;
 use super::launch_decode::kv_elem_bytes;
+use super::launch_prefill::{attn_prep_rows_suffix, KernEntry};
 use super::launch_ptr::{expect, grid, int, invalid, q8_args, Kern, NormWeightPtr};
 use super::types::Q8Ptrs;
 use super::CudaDevice;
@@ -132,6 +133,38 @@ impl CudaDevice {
         layout: &KvLayout,
         bufs: &AttnPrepBufs,
     ) -> Result<(), CudaError> {
+        self.attn_prep_go(kn, false, p, layout, bufs)
+    }
+
+    /// [`Self::attn_prep_ptr`] through the multi-row entry `attn_prep__rows<M>` (one warp per
+    /// (row, head), each row's RoPE angles once per block; `e` from
+    /// [`attn_prep_rows_suffix`] of the head dim): the same outputs bit for bit.
+    pub fn attn_prep_rows_ptr(
+        &self,
+        e: &KernEntry,
+        p: &AttnPrepLaunch,
+        layout: &KvLayout,
+        bufs: &AttnPrepBufs,
+    ) -> Result<(), CudaError> {
+        if attn_prep_rows_suffix(layout.head_dim) != Some(e.suffix) {
+            return Err(invalid(
+                "attn_prep rows",
+                format!("entry __{} for head dim {}", e.suffix, layout.head_dim),
+            ));
+        }
+        self.attn_prep_go(&e.kern, true, p, layout, bufs)
+    }
+
+    /// `kn`: the main entry (`rows_entry` false) or a `__rows<M>` entry of an attn_prep
+    /// instance; the same arguments, different grids.
+    fn attn_prep_go(
+        &self,
+        kn: &Kern,
+        rows_entry: bool,
+        p: &AttnPrepLaunch,
+        layout: &KvLayout,
+        bufs: &AttnPrepBufs,
+    ) -> Result<(), CudaError> {
         const OP: &str = "attn_prep";
         expect(kn, &[Op::AttnPrep], OP)?;
         let kvb = kv_elem_bytes(kn.spec.key.quant)
@@ -198,10 +231,23 @@ impl CudaDevice {
         if heads > 65535 {
             return Err(invalid(OP, format!("{heads} heads exceed the grid's y")));
         }
-        let cfg = LaunchConfig {
-            grid_dim: (grid(OP, p.rows)?, heads as u32, 1),
-            block_dim: (kn.spec.param_u32("threads").unwrap_or(256), 1, 1),
-            shared_mem_bytes: 0,
+        let cfg = if rows_entry {
+            // one warp per task (q heads, K heads, V heads), 8 per 256-thread block
+            LaunchConfig {
+                grid_dim: (
+                    grid(OP, p.rows)?,
+                    (p.n_heads + 2 * layout.hkv).div_ceil(8) as u32,
+                    1,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            }
+        } else {
+            LaunchConfig {
+                grid_dim: (grid(OP, p.rows)?, heads as u32, 1),
+                block_dim: (kn.spec.param_u32("threads").unwrap_or(256), 1, 1),
+                shared_mem_bytes: 0,
+            }
         };
         let ints = [
             int(OP, "n_heads", p.n_heads)?,

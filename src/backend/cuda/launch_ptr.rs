@@ -523,8 +523,10 @@ impl CudaDevice {
         if x.is_empty() {
             return Ok(());
         }
+        // 8 values per thread per step on aligned operands (the kernel's float4 path); any grid
+        // is correct (grid-stride loops)
         let cfg = LaunchConfig {
-            grid_dim: (stride_grid(x.len(), 256), 1, 1),
+            grid_dim: (stride_grid(x.len().div_ceil(8), 256), 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };

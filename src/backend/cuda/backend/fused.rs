@@ -2,10 +2,12 @@
 //! one launch, with the int8 side-car of a one-row output) and `attn_prep` (per-head q/k/v
 //! norms, RoPE, K/V into the cache: one launch instead of up to six). Both read and write
 //! only pooled or cache memory and take positions from the step buffer, so they sit in a
-//! recorded decode step like the ops they replace.
+//! recorded decode step like the ops they replace. With many rows (prefill) `attn_prep` takes
+//! the kernel's multi-row entry (one warp per (row, head)), whose bytes equal the decode form's.
 
 use super::super::kv::{kv_layout, kv_quant, KV_SCALE};
 use super::super::launch_fused::{AttnPrepBufs, AttnPrepLaunch, ATTN_PREP_MAX_HEAD_DIM};
+use super::super::launch_prefill::{attn_prep_rows_suffix, PREFILL_MIN_ROWS};
 use super::super::launch_ptr::NormWeightPtr;
 use super::super::types::{GpuKvCache, GpuTensor, Q8Side};
 use super::CudaBackend;
@@ -166,7 +168,14 @@ impl CudaBackend {
             v_cache: cache.v.u8(),
         };
         let layout = kv_layout(&cache.shape, cache.kv_type);
-        self.dev.attn_prep_ptr(&kern, &launch, &layout, &bufs)?;
+        match attn_prep_rows_suffix(hd).filter(|_| q.rows >= PREFILL_MIN_ROWS) {
+            // many rows: one warp per (row, head), the same bytes as the decode kernel
+            Some(sfx) => {
+                let e = self.kern_entry(Op::AttnPrep, kv_quant(cache.kv_type), sfx)?;
+                self.dev.attn_prep_rows_ptr(&e, &launch, &layout, &bufs)?;
+            }
+            None => self.dev.attn_prep_ptr(&kern, &launch, &layout, &bufs)?,
+        }
         cache.len = cache.len.max(pos0 + q.rows);
         Ok(q_out)
     }
