@@ -6,6 +6,9 @@
 //! - rms_norm of many rows in small groups (one warp per group) vs CpuBackend: 1e-4 (as the other
 //!   norm rows); vs the same rows normed 8 at a time (the one-block-per-group kernel): 0 (the
 //!   warp form adds the squares in the block's order);
+//! - add_rms_norm of many rows (whole-row norms: the `__bf16` entry) vs CpuBackend: 1e-4, the
+//!   sums exact; vs the CUDA add + rms_norm: 0; its bf16 side-car vs `cast_bf16`: 0 (finite
+//!   values; the entry rounds with cvt.rn.bf16.f32); `linear` reading it vs without: 0;
 //! - glu / glu_fused of many rows (the float4 entry) vs CpuBackend: 1e-4 (as the other GLU
 //!   rows); its bf16 side-car vs the `cast_bf16` kernel on the f32 output: 0; `linear` (n > 8,
 //!   the prefill GEMM) of a tensor carrying the side-car vs the same values without one: 0
@@ -43,7 +46,66 @@ fn bf16_side_vs_cast(gpu: &CudaBackend, t: &GpuTensor) -> R<Pair> {
 
 pub(super) fn prefill_cases(cx: &mut Ctx) {
     norm_cases(cx);
+    add_norm_cases(cx);
     glu_cases(cx);
+}
+
+fn add_norm_cases(cx: &mut Ctx) {
+    let (n, d) = (16usize, 4096usize);
+    let a = uniform(&mut cx.rng, n * d, -40.0, 40.0);
+    let b = uniform(&mut cx.rng, n * d, -6.0, 6.0);
+    let w = uniform(&mut cx.rng, d, -1.0, 1.5);
+    let label = format!("add_rms_norm [{n}, {d}] (prefill, bf16 side-car)");
+    cx.case(format!("{label} vs CPU"), 1e-4, |cx| {
+        let (ga, ca) = cx.t2(&a, n, d)?;
+        let (gb, cb) = cx.t2(&b, n, d)?;
+        let (gw, cw) = cx.t2(&w, 1, d)?;
+        let (gs, gy) = cx.gpu.add_rms_norm(&ga, &gb, Norm::Plain(&gw), 1e-6, d)?;
+        let (cs, cy) = cx.cpu.add_rms_norm(&ca, &cb, Norm::Plain(&cw), 1e-6, d)?;
+        let mut got = host(&cx.gpu, &gy)?;
+        let mut want = cy.data;
+        // the sums must agree exactly: any difference folds in as an O(1) error
+        got.push(if host(&cx.gpu, &gs)? == cs.data {
+            0.0
+        } else {
+            1.0
+        });
+        want.push(0.0);
+        Ok((got, want))
+    });
+    cx.case(format!("{label} == CUDA add + rms_norm"), 0.0, |cx| {
+        let (ga, gb) = (cx.gpu.tensor(&a, n, d)?, cx.gpu.tensor(&b, n, d)?);
+        let gw = cx.gpu.tensor(&w, 1, d)?;
+        let (_, gy) = cx.gpu.add_rms_norm(&ga, &gb, Norm::Plain(&gw), 1e-6, d)?;
+        let s = cx.gpu.add(&ga, &gb)?;
+        let y = cx.gpu.rms_norm(&s, Norm::Plain(&gw), 1e-6, d)?;
+        Ok((host(&cx.gpu, &gy)?, host(&cx.gpu, &y)?))
+    });
+    cx.case(format!("{label} side-car == cast_bf16"), 0.0, |cx| {
+        let (ga, gb) = (cx.gpu.tensor(&a, n, d)?, cx.gpu.tensor(&b, n, d)?);
+        let gw = cx.gpu.tensor(&w, 1, d)?;
+        let (_, gy) = cx.gpu.add_rms_norm(&ga, &gb, Norm::Plain(&gw), 1e-6, d)?;
+        bf16_side_vs_cast(&cx.gpu, &gy)
+    });
+    let out = 256usize;
+    if let Ok(wb) = random_weights(GgmlType::Q4_0, out, d, &mut cx.rng) {
+        cx.case(
+            format!("add_rms_norm -> linear q4_0 n={n} from the bf16 side-car == without"),
+            0.0,
+            |cx| {
+                let gl = cx
+                    .gpu
+                    .upload(&tref("w", GgmlType::Q4_0, vec![out, d], &wb))?;
+                let (ga, gb) = (cx.gpu.tensor(&a, n, d)?, cx.gpu.tensor(&b, n, d)?);
+                let gw = cx.gpu.tensor(&w, 1, d)?;
+                let (_, gy) = cx.gpu.add_rms_norm(&ga, &gb, Norm::Plain(&gw), 1e-6, d)?;
+                anyhow::ensure!(gy.bf16.is_some(), "add_rms_norm wrote no bf16 side-car");
+                let got = host(&cx.gpu, &cx.gpu.linear(&gy, &gl)?)?;
+                let plain = cx.gpu.tensor(&host(&cx.gpu, &gy)?, n, d)?;
+                Ok((got, host(&cx.gpu, &cx.gpu.linear(&plain, &gl)?)?))
+            },
+        );
+    }
 }
 
 fn norm_cases(cx: &mut Ctx) {

@@ -92,6 +92,47 @@ impl CudaDevice {
         dim: usize,
         q8: Option<Q8Ptrs>,
     ) -> Result<(), CudaError> {
+        self.add_rms_norm_go(k, a, b, s, w, y, eps, dim, q8, None)
+    }
+
+    /// [`Self::add_rms_norm_ptr`] without a side-car but writing `y16`, the bf16 copy of `y`
+    /// (`y.len()` values; the `add_rmsnorm__bf16` entry `e`), for a prefill GEMM to read.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm_bf16_ptr(
+        &self,
+        e: &KernEntry,
+        a: DevPtr<f32>,
+        b: DevPtr<f32>,
+        s: DevPtr<f32>,
+        w: NormWeightPtr,
+        y: DevPtr<f32>,
+        eps: f32,
+        dim: usize,
+        y16: DevPtr<u16>,
+    ) -> Result<(), CudaError> {
+        if e.suffix != "bf16" {
+            return Err(invalid(
+                "add_rms_norm bf16",
+                format!("entry __{}", e.suffix),
+            ));
+        }
+        self.add_rms_norm_go(&e.kern, a, b, s, w, y, eps, dim, None, Some(y16))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm_go(
+        &self,
+        k: &Kern,
+        a: DevPtr<f32>,
+        b: DevPtr<f32>,
+        s: DevPtr<f32>,
+        w: NormWeightPtr,
+        y: DevPtr<f32>,
+        eps: f32,
+        dim: usize,
+        q8: Option<Q8Ptrs>,
+        y16: Option<DevPtr<u16>>,
+    ) -> Result<(), CudaError> {
         const OP: &str = "add_rms_norm";
         expect(k, &[Op::AddRmsNorm], OP)?;
         let n = a.len();
@@ -114,13 +155,23 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         let (ap, bp, sp, yp, d) = (a.raw(), b.raw(), s.raw(), y.raw(), int(OP, "dim", dim)?);
-        // (const float* a, const float* b, float* s, const float* w, float* y, int dim,
-        //  int mode, float eps, signed char* xq, float2* xds)
-        self.go(
-            k,
-            cfg,
-            &[&ap, &bp, &sp, &wp, &yp, &d, &mode, &eps, &qp, &dp],
-        )
+        match y16 {
+            // (const float* a, const float* b, float* s, const float* w, float* y, int dim,
+            //  int mode, float eps, signed char* xq, float2* xds)
+            None => self.go(
+                k,
+                cfg,
+                &[&ap, &bp, &sp, &wp, &yp, &d, &mode, &eps, &qp, &dp],
+            ),
+            // __bf16: (..., float eps, uint16_t* y16); y16 holds n values
+            Some(o) => {
+                if o.len() < n {
+                    return Err(invalid(OP, format!("bf16 copy of {} for {n}", o.len())));
+                }
+                let op = o.raw();
+                self.go(k, cfg, &[&ap, &bp, &sp, &wp, &yp, &d, &mode, &eps, &op])
+            }
+        }
     }
 
     /// Per-head norms of q / k / v, RoPE of q and k at `pos`, q to `q_out`, k and v into the

@@ -47,9 +47,10 @@ impl Q8Side {
     }
 }
 
-/// A bf16 copy of a tensor's values (round to nearest even, exactly what `cast_bf16` makes of
-/// them), contiguous `[rows][cols]` in one pooled buffer: written by the multi-row GLU (n > 8
-/// rows) beside its f32 output, read by the prefill GEMM of `linear` instead of casting the
+/// A bf16 copy of a tensor's values (round to nearest even: what `cast_bf16` makes of them, bit
+/// for bit for every non-NaN value), contiguous `[rows][cols]` in one pooled buffer: written
+/// beside the f32 output by the multi-row GLU and the multi-row whole-row `add_rms_norm`
+/// (n >= `PREFILL_MIN_ROWS`), read by the prefill GEMM of `linear` instead of casting the
 /// activations again.
 #[derive(Debug)]
 pub struct Bf16Side {

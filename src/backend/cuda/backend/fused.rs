@@ -9,7 +9,7 @@ use super::super::kv::{kv_layout, kv_quant, KV_SCALE};
 use super::super::launch_fused::{AttnPrepBufs, AttnPrepLaunch, ATTN_PREP_MAX_HEAD_DIM};
 use super::super::launch_prefill::{attn_prep_rows_suffix, PREFILL_MIN_ROWS};
 use super::super::launch_ptr::NormWeightPtr;
-use super::super::types::{GpuKvCache, GpuTensor, Q8Side};
+use super::super::types::{Bf16Side, GpuKvCache, GpuTensor, Q8Side};
 use super::CudaBackend;
 use crate::backend::{attn_prep_composed, AttnPrep, BackendError, Norm, Result};
 use crate::kernels::{BatchBucket, Op, Quant};
@@ -67,6 +67,26 @@ impl CudaBackend {
         } else {
             None
         };
+        // many rows of a whole-row norm feed a prefill GEMM: write their bf16 copy too
+        if h.rows >= PREFILL_MIN_ROWS && dim == h.cols {
+            let e = self.kern_entry(Op::AddRmsNorm, Quant::F32, "bf16")?;
+            let side = Bf16Side {
+                buf: self.pool.alloc(h.len() * 2)?,
+                len: h.len(),
+            };
+            self.dev.add_rms_norm_bf16_ptr(
+                &e,
+                h.ptr(),
+                y.ptr(),
+                s.ptr(),
+                wp,
+                n.ptr(),
+                eps,
+                dim,
+                side.ptr(),
+            )?;
+            return Ok((s, n.with_bf16(Some(side))));
+        }
         let k = self.kern(Op::AddRmsNorm, Quant::F32, BatchBucket::Any)?;
         self.dev.add_rms_norm_ptr(
             &k,
