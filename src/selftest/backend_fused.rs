@@ -10,7 +10,9 @@
 //!   CUDA add + rms_norm: 0 (same norm code, same block size);
 //! - attn_prep vs CpuBackend's rms_norm + rope (q) and the cache encoding of kv_write applied to
 //!   its k / v (every cache byte, exact up to rounding ties; see `checks::attn_prep`): 1e-4;
-//!   vs `attn_prep_composed` on the same device (rms_norm, rope, kv_write kernels): 0.
+//!   vs `attn_prep_composed` on the same device (rms_norm, rope, kv_write kernels): 0, also
+//!   for the multi-row cases (rows >= 9: attn_prep's one-warp-per-head entry against the
+//!   one-warp-per-group rms_norm, both adding squares in the block kernel's order).
 
 use super::backend_ops::{host, tref, Ctx, Pair, R};
 use super::check::uniform;
@@ -280,6 +282,37 @@ fn prep_cases() -> Vec<PrepCase> {
             hkv: 4,
             rope: rope(256, 64, 64, RopeLayout::Interleaved, None),
             modes: [None, None, None],
+        },
+        // multi-row (prefill) entries: one warp per (row, head)
+        PrepCase {
+            name: "qwen3 prefill 24 rows (q/k norm, warp/head)",
+            rows: 24,
+            pos0: 5,
+            registered: false,
+            heads: 8,
+            hkv: 2,
+            rope: rope(128, 128, 128, RopeLayout::Neox, None),
+            modes: [Some(0), Some(0), None],
+        },
+        PrepCase {
+            name: "gemma4 global prefill 12 rows (hd 512, p-RoPE, v-norm, warp/head)",
+            rows: 12,
+            pos0: 100,
+            registered: false,
+            heads: 4,
+            hkv: 1,
+            rope: rope(512, 128, 512, RopeLayout::Neox, Some(ff[..64].to_vec())),
+            modes: [Some(0), Some(0), Some(2)],
+        },
+        PrepCase {
+            name: "prefill 16 rows hd 256 interleaved partial (1+w, warp/head)",
+            rows: 16,
+            pos0: 0,
+            registered: false,
+            heads: 4,
+            hkv: 2,
+            rope: rope(256, 64, 64, RopeLayout::Interleaved, None),
+            modes: [Some(1), Some(1), None],
         },
     ]
 }

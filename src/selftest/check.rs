@@ -89,6 +89,22 @@ impl Comparison {
         c
     }
 
+    /// `got` against `want` bit for bit (NaN payloads included): error 0 when every value
+    /// has the same bits, 1 (an O(1) error, failing any bound below it) when one differs or
+    /// the lengths differ. For outputs that must equal another kernel's exactly.
+    pub fn identical(got: &[f32], want: &[f32]) -> Comparison {
+        let same = got.len() == want.len()
+            && got
+                .iter()
+                .zip(want)
+                .all(|(g, w)| g.to_bits() == w.to_bits());
+        Comparison {
+            max_rel_err: if same { 0.0 } else { 1.0 },
+            unwritten: 0,
+            elements: want.len(),
+        }
+    }
+
     /// Fold another sub-case in.
     pub fn merge(self, o: Comparison) -> Comparison {
         Comparison {
@@ -161,5 +177,8 @@ mod tests {
         assert!(!Comparison::new(&[1.0], &want).passes(1e9));
         let inf = Comparison::new(&[f32::INFINITY, -2.0, 0.0, 4.0], &want);
         assert!(!inf.passes(1e9));
+        assert!(Comparison::identical(&want, &want).passes(0.0));
+        assert!(!Comparison::identical(&[1.0, -2.0, -0.0, 4.0], &want).passes(0.5));
+        assert!(!Comparison::identical(&want[..3], &want).passes(0.5));
     }
 }

@@ -6,6 +6,7 @@
 
 mod backend_fused;
 mod backend_ops;
+mod backend_prefill;
 mod check;
 mod checks;
 pub mod models;

@@ -1,6 +1,6 @@
 //! Launches of the fused decode kernels: `add_rmsnorm` (residual add + RMSNorm of the sum, with
 //! an optional int8 side-car) and `attn_prep` (per-head q/k/v norms, RoPE, K/V into the paged
-//! cache). Like `launch_ptr.rs`: raw device pointers, shapes validated against their lengths
+//! cache; its multi-row entries `__rows<M>` for prefill). Like `launch_ptr.rs`: raw device pointers, shapes validated against their lengths
 //! (errors, never panics), the kernel signature stated at each launch.
 
 use cudarc::driver::LaunchConfig;
@@ -9,6 +9,7 @@ use super::buf::DevPtr;
 use super::error::CudaError;
 use super::launch_attn::KvLayout;
 use super::launch_decode::kv_elem_bytes;
+use super::launch_prefill::{attn_prep_rows_suffix, KernEntry};
 use super::launch_ptr::{expect, grid, int, invalid, q8_args, Kern, NormWeightPtr};
 use super::types::Q8Ptrs;
 use super::CudaDevice;
@@ -91,6 +92,47 @@ impl CudaDevice {
         dim: usize,
         q8: Option<Q8Ptrs>,
     ) -> Result<(), CudaError> {
+        self.add_rms_norm_go(k, a, b, s, w, y, eps, dim, q8, None)
+    }
+
+    /// [`Self::add_rms_norm_ptr`] without a side-car but writing `y16`, the bf16 copy of `y`
+    /// (`y.len()` values; the `add_rmsnorm__bf16` entry `e`), for a prefill GEMM to read.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm_bf16_ptr(
+        &self,
+        e: &KernEntry,
+        a: DevPtr<f32>,
+        b: DevPtr<f32>,
+        s: DevPtr<f32>,
+        w: NormWeightPtr,
+        y: DevPtr<f32>,
+        eps: f32,
+        dim: usize,
+        y16: DevPtr<u16>,
+    ) -> Result<(), CudaError> {
+        if e.suffix != "bf16" {
+            return Err(invalid(
+                "add_rms_norm bf16",
+                format!("entry __{}", e.suffix),
+            ));
+        }
+        self.add_rms_norm_go(&e.kern, a, b, s, w, y, eps, dim, None, Some(y16))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm_go(
+        &self,
+        k: &Kern,
+        a: DevPtr<f32>,
+        b: DevPtr<f32>,
+        s: DevPtr<f32>,
+        w: NormWeightPtr,
+        y: DevPtr<f32>,
+        eps: f32,
+        dim: usize,
+        q8: Option<Q8Ptrs>,
+        y16: Option<DevPtr<u16>>,
+    ) -> Result<(), CudaError> {
         const OP: &str = "add_rms_norm";
         expect(k, &[Op::AddRmsNorm], OP)?;
         let n = a.len();
@@ -113,13 +155,23 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         let (ap, bp, sp, yp, d) = (a.raw(), b.raw(), s.raw(), y.raw(), int(OP, "dim", dim)?);
-        // (const float* a, const float* b, float* s, const float* w, float* y, int dim,
-        //  int mode, float eps, signed char* xq, float2* xds)
-        self.go(
-            k,
-            cfg,
-            &[&ap, &bp, &sp, &wp, &yp, &d, &mode, &eps, &qp, &dp],
-        )
+        match y16 {
+            // (const float* a, const float* b, float* s, const float* w, float* y, int dim,
+            //  int mode, float eps, signed char* xq, float2* xds)
+            None => self.go(
+                k,
+                cfg,
+                &[&ap, &bp, &sp, &wp, &yp, &d, &mode, &eps, &qp, &dp],
+            ),
+            // __bf16: (..., float eps, uint16_t* y16); y16 holds n values
+            Some(o) => {
+                if o.len() < n {
+                    return Err(invalid(OP, format!("bf16 copy of {} for {n}", o.len())));
+                }
+                let op = o.raw();
+                self.go(k, cfg, &[&ap, &bp, &sp, &wp, &yp, &d, &mode, &eps, &op])
+            }
+        }
     }
 
     /// Per-head norms of q / k / v, RoPE of q and k at `pos`, q to `q_out`, k and v into the
@@ -128,6 +180,38 @@ impl CudaDevice {
     pub fn attn_prep_ptr(
         &self,
         kn: &Kern,
+        p: &AttnPrepLaunch,
+        layout: &KvLayout,
+        bufs: &AttnPrepBufs,
+    ) -> Result<(), CudaError> {
+        self.attn_prep_go(kn, false, p, layout, bufs)
+    }
+
+    /// [`Self::attn_prep_ptr`] through the multi-row entry `attn_prep__rows<M>` (one warp per
+    /// (row, head), each row's RoPE angles once per block; `e` from
+    /// [`attn_prep_rows_suffix`] of the head dim): the same outputs bit for bit.
+    pub fn attn_prep_rows_ptr(
+        &self,
+        e: &KernEntry,
+        p: &AttnPrepLaunch,
+        layout: &KvLayout,
+        bufs: &AttnPrepBufs,
+    ) -> Result<(), CudaError> {
+        if attn_prep_rows_suffix(layout.head_dim) != Some(e.suffix) {
+            return Err(invalid(
+                "attn_prep rows",
+                format!("entry __{} for head dim {}", e.suffix, layout.head_dim),
+            ));
+        }
+        self.attn_prep_go(&e.kern, true, p, layout, bufs)
+    }
+
+    /// `kn`: the main entry (`rows_entry` false) or a `__rows<M>` entry of an attn_prep
+    /// instance; the same arguments, different grids.
+    fn attn_prep_go(
+        &self,
+        kn: &Kern,
+        rows_entry: bool,
         p: &AttnPrepLaunch,
         layout: &KvLayout,
         bufs: &AttnPrepBufs,
@@ -198,10 +282,23 @@ impl CudaDevice {
         if heads > 65535 {
             return Err(invalid(OP, format!("{heads} heads exceed the grid's y")));
         }
-        let cfg = LaunchConfig {
-            grid_dim: (grid(OP, p.rows)?, heads as u32, 1),
-            block_dim: (kn.spec.param_u32("threads").unwrap_or(256), 1, 1),
-            shared_mem_bytes: 0,
+        let cfg = if rows_entry {
+            // one warp per task (q heads, K heads, V heads), 8 per 256-thread block
+            LaunchConfig {
+                grid_dim: (
+                    grid(OP, p.rows)?,
+                    (p.n_heads + 2 * layout.hkv).div_ceil(8) as u32,
+                    1,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            }
+        } else {
+            LaunchConfig {
+                grid_dim: (grid(OP, p.rows)?, heads as u32, 1),
+                block_dim: (kn.spec.param_u32("threads").unwrap_or(256), 1, 1),
+                shared_mem_bytes: 0,
+            }
         };
         let ints = [
             int(OP, "n_heads", p.n_heads)?,

@@ -130,18 +130,20 @@ pub(crate) fn q8_args(
     Ok((q.raw(), ds.raw()))
 }
 
-/// Blocks of a grid-stride elementwise launch over `n` values (enough to fill a large GPU).
 /// Threads per block of a norm over groups of `dim` values (`rmsnorm`, `add_rmsnorm`: the two
-/// must agree, so fused and unfused results round alike): whole rows (dim >= 1024) take up to
-/// 1024 threads, a handful of values each (a one-row decode norm is a latency chain: fewer
+/// must agree, so fused and unfused results round alike): whole rows wider than 1024 take up
+/// to 1024 threads, a handful of values each (a one-row decode norm is a latency chain: fewer
 /// values per thread, shorter chain); per-head groups keep 256 (`attn_prep` matches them).
 /// Never more than the instance's `threads` (its launch bound).
 pub(crate) fn norm_block_threads(spec: &KernelSpec, dim: usize) -> u32 {
     let max = spec.param_u32("threads").unwrap_or(256).max(32);
-    let want = if dim >= 1024 { 1024 } else { 256 };
+    // <= 1024 stays 256: the warp-per-group prefill entries (rmsnorm__warp*, up to 1024
+    // values) sum in the 256-thread order
+    let want = if dim > 1024 { 1024 } else { 256 };
     want.min(max)
 }
 
+/// Blocks of a grid-stride elementwise launch over `n` values (enough to fill a large GPU).
 fn stride_grid(n: usize, threads: usize) -> u32 {
     n.div_ceil(threads).clamp(1, 65_536) as u32
 }
@@ -534,8 +536,10 @@ impl CudaDevice {
         if x.is_empty() {
             return Ok(());
         }
+        // 8 values per thread per step on aligned operands (the kernel's float4 path); any grid
+        // is correct (grid-stride loops)
         let cfg = LaunchConfig {
-            grid_dim: (stride_grid(x.len(), 256), 1, 1),
+            grid_dim: (stride_grid(x.len().div_ceil(8), 256), 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -15,10 +15,11 @@ pub mod kv;
 mod launch;
 pub mod launch_attn;
 mod launch_decode;
-mod launch_gemm;
 mod launch_fused;
+mod launch_gemm;
 mod launch_linear;
 mod launch_moe;
+mod launch_prefill;
 mod launch_ptr;
 pub mod moe;
 pub mod moe_grouped;
@@ -39,11 +40,14 @@ pub use launch_fused::{AttnPrepBufs, AttnPrepLaunch, ATTN_PREP_MAX_HEAD_DIM};
 pub use launch_gemm::{chunk_rows, tile_cost, tile_efficiency, GemmPipe, GemmTile, GEMM_PIPE_BK};
 pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
 pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
+pub use launch_prefill::{
+    attn_prep_rows_suffix, glu_vec_ok, rms_norm_rows_suffix, KernEntry, PREFILL_MIN_ROWS,
+};
 pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, KernQ8, NormWeightPtr};
 pub use probe::cuda_available;
 pub use sampler::{
     kernel_params, sample_scratch_words, CudaSamplerState, MAX_BANNED, SAMPLE_BLOCK_LOGITS,
 };
-pub use types::{GpuKvCache, GpuTensor, GpuWeight, KvType, Q8Ptrs, Q8Side, WeightView};
+pub use types::{Bf16Side, GpuKvCache, GpuTensor, GpuWeight, KvType, Q8Ptrs, Q8Side, WeightView};
 
 pub use cudarc::driver::{CudaSlice, CudaView};

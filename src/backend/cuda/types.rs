@@ -47,6 +47,28 @@ impl Q8Side {
     }
 }
 
+/// A bf16 copy of a tensor's values (round to nearest even: what `cast_bf16` makes of them, bit
+/// for bit for every non-NaN value), contiguous `[rows][cols]` in one pooled buffer: written
+/// beside the f32 output by the multi-row GLU and the multi-row whole-row `add_rms_norm`
+/// (n >= `PREFILL_MIN_ROWS`), read by the prefill GEMM of `linear` instead of casting the
+/// activations again.
+#[derive(Debug)]
+pub struct Bf16Side {
+    pub buf: DevBuf,
+    /// Values covered: the tensor's `rows * cols`.
+    pub len: usize,
+}
+
+impl Bf16Side {
+    /// The bf16 values (`len`).
+    pub fn ptr(&self) -> DevPtr<u16> {
+        self.buf
+            .ptr::<u16>()
+            .slice(0, self.len)
+            .expect("a bf16 side-car buffer holds 2 * len bytes")
+    }
+}
+
 /// Where a kernel writes an int8 side-car: `len` int8 values and `len / 16` floats of pairs.
 pub type Q8Ptrs = (DevPtr<i8>, DevPtr<f32>);
 
@@ -62,6 +84,8 @@ pub struct GpuTensor {
     pub cols: usize,
     /// The int8 side-car of the values, when the producing kernel wrote one (views carry none).
     pub q8: Option<Q8Side>,
+    /// The bf16 copy of the values, when the producing kernel wrote one (views carry none).
+    pub bf16: Option<Bf16Side>,
 }
 
 impl GpuTensor {
@@ -73,12 +97,19 @@ impl GpuTensor {
             rows,
             cols,
             q8: None,
+            bf16: None,
         }
     }
 
     /// The same tensor carrying `q8` (the side-car of exactly its `rows * cols` values).
     pub fn with_q8(mut self, q8: Option<Q8Side>) -> GpuTensor {
         self.q8 = q8.filter(|s| s.len == self.rows * self.cols);
+        self
+    }
+
+    /// The same tensor carrying `bf16` (the bf16 copy of exactly its `rows * cols` values).
+    pub fn with_bf16(mut self, bf16: Option<Bf16Side>) -> GpuTensor {
+        self.bf16 = bf16.filter(|s| s.len == self.rows * self.cols);
         self
     }
 
@@ -91,6 +122,7 @@ impl GpuTensor {
             rows: 1,
             cols: len,
             q8: None,
+            bf16: None,
         })
     }
 

@@ -1,13 +1,15 @@
 //! `add_rmsnorm` instances vs `a + b` and `crate::ops::rms_norm` of the sum: plain, 1+w and
 //! weightless; whole rows (register path and the loop path past 4096), per-head groups and an
 //! odd dim; the int8 side-car vs `crate::ops::qdot::quantize_q8_1` of the kernel's own output
-//! (bytes and scales exact).
+//! (bytes and scales exact); the `__bf16` entry (cases without a side-car): s and y equal to
+//! the main entry's bit for bit, the bf16 copy exactly bf16(y) (round to nearest even).
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::{CudaError, DevPtr, Kern, NormWeightPtr};
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::qdot::quantize_q8_1;
 use crate::ops::{rms_norm, NormWeight};
+use crate::quant::bf16_to_f32;
 
 pub struct AddRmsNormCheck;
 
@@ -104,6 +106,37 @@ impl KernelCheck for AddRmsNormCheck {
             }
             if ci == 0 {
                 micros = time_us(dev, cx.iters, launch)?;
+            }
+            // the __bf16 entry (prefill: the GEMM's bf16 copy of y) on the same inputs into
+            // fresh outputs: s and y bit for bit the main entry's, y16 exactly bf16(y)
+            if !side {
+                let e = dev.kern_entry(&kern, "bf16")?;
+                let (ds2, dy2) = (dev.filled_f32(n, f32::NAN)?, dev.filled_f32(n, f32::NAN)?);
+                let d16 = dev.upload(&vec![0x7fc0u16; n])?;
+                dev.add_rms_norm_bf16_ptr(
+                    &e,
+                    DevPtr::of(&da),
+                    DevPtr::of(&db),
+                    DevPtr::of(&ds2),
+                    wp,
+                    DevPtr::of(&dy2),
+                    eps,
+                    dim,
+                    DevPtr::of(&d16),
+                )?;
+                let y2 = dev.download(&dy2)?;
+                let got16: Vec<f32> = dev.download(&d16)?.into_iter().map(bf16_to_f32).collect();
+                let want16: Vec<f32> = y2
+                    .iter()
+                    .map(|&v| half::bf16::from_f32(v).to_f32())
+                    .collect();
+                cmp = cmp
+                    .merge(Comparison::identical(&y2, &y))
+                    .merge(Comparison::identical(
+                        &dev.download(&ds2)?,
+                        &dev.download(&ds)?,
+                    ))
+                    .merge(Comparison::identical(&got16, &want16));
             }
         }
         Ok(Measured { cmp, micros })

@@ -3,7 +3,13 @@
 //! every byte of both caches. Qwen3 decode (plain q/k norms, no v norm), several rows at
 //! shuffled positions plus two rows at -1 and `capacity` that must write nothing, Gemma 4
 //! global layers (head_dim 512, p-RoPE with freq factors, weightless v-norm), interleaved
-//! partial RoPE without norms, and the golden models' head_dim 16.
+//! partial RoPE without norms, the golden models' head_dim 16, head_dim 256 with interleaved
+//! partial RoPE, and a Qwen3-8B prefill of 512 rows.
+//!
+//! Every case also runs the multi-row entry of its head dim (`__rows4/8/16`) into fresh outputs:
+//! against the same reference, and against the main entry's q and cache bytes exactly (one warp
+//! per head reproduces the block's rounding, see `lib/rmsnorm`'s `rms_norm_warp`). The time is
+//! the multi-row entry on the 512-row prefill (32 q + 8 K + 8 V heads of 128 per row).
 //!
 //! Cache values are compared after decoding, element by element against the reference value
 //! encoded on the host; where the two codes differ only because the reference value sits within
@@ -13,7 +19,8 @@
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::{
-    AttnPrepBufs, AttnPrepLaunch, CudaError, DevPtr, Kern, KvLayout, NormWeightPtr,
+    attn_prep_rows_suffix, AttnPrepBufs, AttnPrepLaunch, CudaError, DevPtr, Kern, KvLayout,
+    NormWeightPtr,
 };
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::{rms_norm, rope, NormWeight, RopeLayout, RopeSpec};
@@ -170,6 +177,34 @@ fn cases() -> Vec<Case> {
             [Some(1), Some(0), Some(2)],
             64,
         ),
+        // head_dim 256 (the __rows8 entry), interleaved partial RoPE, 1+w v-norm, 12 rows
+        c(
+            12,
+            6,
+            3,
+            256,
+            64,
+            64,
+            Interleaved,
+            1e4,
+            false,
+            [Some(0), None, Some(1)],
+            300,
+        ),
+        // last: a Qwen3-8B prefill of 512 rows (32 q + 8 KV heads of 128), timed on __rows4
+        c(
+            512,
+            32,
+            8,
+            128,
+            128,
+            128,
+            Neox,
+            1e6,
+            false,
+            [Some(0), Some(0), None],
+            4096,
+        ),
     ]
 }
 
@@ -204,6 +239,7 @@ impl KernelCheck for AttnPrepCheck {
         let eps = 1e-6f32;
         let mut cmp = Comparison::default();
         let mut micros = 0.0;
+        let n_cases = cases().len();
         for (ci, c) in cases().into_iter().enumerate() {
             let layout = KvLayout {
                 hkv: c.hkv,
@@ -314,14 +350,45 @@ impl KernelCheck for AttnPrepCheck {
                 v_scale: 1.0,
             };
             let dev = cx.dev;
-            let launch = || dev.attn_prep_ptr(&kern, &lp, &layout, &bufs);
-            launch()?;
+            let prefill = ci + 1 == n_cases;
+            dev.attn_prep_ptr(&kern, &lp, &layout, &bufs)?;
+            let (mq, mk, mv) = (dev.download(&dout)?, dev.download(&kc)?, dev.download(&vc)?);
             cmp = cmp
-                .merge(Comparison::new(&dev.download(&dout)?, &want_q))
-                .merge(cache_cmp(quant, &dev.download(&kc)?, &want_k))
-                .merge(cache_cmp(quant, &dev.download(&vc)?, &want_v));
-            if ci == 0 {
-                micros = time_us(dev, cx.iters, launch)?;
+                .merge(Comparison::new(&mq, &want_q))
+                .merge(cache_cmp(quant, &mk, &want_k))
+                .merge(cache_cmp(quant, &mv, &want_v));
+            // the multi-row entry on the same inputs into fresh outputs: the reference as above,
+            // and the main entry's q and cache bytes exactly
+            let sfx = attn_prep_rows_suffix(c.d).ok_or_else(|| CudaError::Invalid {
+                op: "attn_prep check",
+                detail: format!("no multi-row entry for head dim {}", c.d),
+            })?;
+            let entry = dev.kern_entry(&kern, sfx)?;
+            let dout2 = dev.filled_f32(rows * qw, f32::NAN)?;
+            let (kc2, vc2) = (dev.upload(&zeros)?, dev.upload(&zeros)?);
+            let bufs2 = AttnPrepBufs {
+                q_out: DevPtr::of(&dout2),
+                k_cache: DevPtr::of(&kc2),
+                v_cache: DevPtr::of(&vc2),
+                ..bufs
+            };
+            let launch_rows = || dev.attn_prep_rows_ptr(&entry, &lp, &layout, &bufs2);
+            launch_rows()?;
+            let (rq, rk, rv) = (
+                dev.download(&dout2)?,
+                dev.download(&kc2)?,
+                dev.download(&vc2)?,
+            );
+            let bytes = |b: &[u8]| b.iter().map(|&x| x as f32).collect::<Vec<_>>();
+            cmp = cmp
+                .merge(Comparison::new(&rq, &want_q))
+                .merge(cache_cmp(quant, &rk, &want_k))
+                .merge(cache_cmp(quant, &rv, &want_v))
+                .merge(Comparison::identical(&rq, &mq))
+                .merge(Comparison::identical(&bytes(&rk), &bytes(&mk)))
+                .merge(Comparison::identical(&bytes(&rv), &bytes(&mv)));
+            if prefill {
+                micros = time_us(dev, cx.iters, launch_rows)?;
             }
         }
         Ok(Measured { cmp, micros })

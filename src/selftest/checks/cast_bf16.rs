@@ -1,5 +1,6 @@
 //! f32 -> bf16 cast vs `half::bf16::from_f32` (round to nearest even): exact, over values of
-//! every magnitude, ties, and an odd length.
+//! every magnitude, ties, and an odd length; aligned (float4 path) and unaligned operands.
+//! Timed on 512 x 12288 values.
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::{CudaError, DevPtr, Kern};
@@ -47,9 +48,31 @@ impl KernelCheck for CastBf16Check {
             .into_iter()
             .map(bf16_to_f32)
             .collect();
-        let cmp = Comparison::new(&got, &want);
+        let mut cmp = Comparison::new(&got, &want);
+        // unaligned operands (the one-value path): x from value 1 (4-byte aligned), y from
+        // value 3 (2-byte aligned)
+        let bad = || CudaError::Invalid {
+            op: "cast_bf16 check",
+            detail: "slices".into(),
+        };
+        let out2 = cx.dev.upload(&vec![0x7fc0u16; n])?;
+        let (px1, po3) = (
+            px.slice(1, n - 4).ok_or_else(bad)?,
+            DevPtr::of(&out2).slice(3, n - 4).ok_or_else(bad)?,
+        );
+        cx.dev.cast_bf16_ptr(&kern, px1, po3)?;
+        let got2: Vec<f32> = cx.dev.download(&out2)?[3..n - 1]
+            .iter()
+            .map(|&b| bf16_to_f32(b))
+            .collect();
+        cmp = cmp.merge(Comparison::new(&got2, &want[1..n - 3]));
+        // Timing: a Qwen3-8B prefill's down-projection input, 512 x 12288.
+        let m = 512 * 12_288;
+        let dx = cx.dev.upload(&uniform(&mut cx.rng, m, -3.0, 3.0))?;
+        let dy = cx.dev.upload(&vec![0u16; m])?;
+        let (tx, ty) = (DevPtr::of(&dx), DevPtr::of(&dy));
         let dev = cx.dev;
-        let micros = time_us(dev, cx.iters, || dev.cast_bf16_ptr(&kern, px, po))?;
+        let micros = time_us(dev, cx.iters, || dev.cast_bf16_ptr(&kern, tx, ty))?;
         Ok(Measured { cmp, micros })
     }
 }

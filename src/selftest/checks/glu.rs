@@ -1,12 +1,15 @@
 //! GeGLU / SwiGLU instances vs `crate::ops::{geglu, swiglu}`: contiguous operands, and gate/up
 //! as the two halves of one fused `[rows, 2 * cols]` projection (strided views); the `__q8`
-//! entry on one fused row (int8 side-car: bytes and scales exactly `quantize_q8_1` of out).
+//! entry on one fused row (int8 side-car: bytes and scales exactly `quantize_q8_1` of out); the
+//! multi-row `__vec` entry (float4), its bf16 copy exactly bf16(out). Timed: `__vec` with the
+//! bf16 copy on a Qwen3-8B prefill (512 x 12288 from the fused gate|up).
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use super::add_rmsnorm::side_car_cmp;
 use crate::backend::cuda::{CudaError, DevPtr, GluShape, Kern};
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::{geglu, swiglu};
+use crate::quant::bf16_to_f32;
 
 pub struct GluCheck;
 
@@ -111,25 +114,103 @@ impl KernelCheck for GluCheck {
             &cx.dev.download(&dd)?,
         ));
 
-        // Timing: 32 rows x 15360.
-        let (rows, cols) = (32usize, 15_360usize);
-        let dg = cx
+        // The multi-row entry (`__vec`, float4): contiguous operands with and without the bf16
+        // copy, and the fused [rows, 2 * cols] halves; out against the reference, the bf16
+        // copy exactly bf16(out) (round to nearest even, as cast_bf16).
+        let ve = cx.dev.kern_entry(&kern, "vec")?;
+        for &(rows, cols, fused, with16) in &[
+            (12usize, 15_360usize, false, true),
+            (9, 1000, true, true),
+            (10, 64, false, false),
+        ] {
+            let w = if fused { 2 * cols } else { cols };
+            let g_all = uniform(&mut cx.rng, rows * w, -6.0, 6.0);
+            let u_all = if fused {
+                Vec::new()
+            } else {
+                uniform(&mut cx.rng, rows * cols, -2.0, 2.0)
+            };
+            let (gate, up): (Vec<f32>, Vec<f32>) = if fused {
+                (
+                    g_all
+                        .chunks_exact(w)
+                        .flat_map(|r| r[..cols].to_vec())
+                        .collect(),
+                    g_all
+                        .chunks_exact(w)
+                        .flat_map(|r| r[cols..].to_vec())
+                        .collect(),
+                )
+            } else {
+                (g_all.clone(), u_all.clone())
+            };
+            let want = reference(op, &gate, &up);
+            let dg = cx.dev.upload(&g_all)?;
+            let du = if fused {
+                None
+            } else {
+                Some(cx.dev.upload(&u_all)?)
+            };
+            let pg = DevPtr::of(&dg);
+            let (gp, upp) = match &du {
+                Some(u) => (pg, DevPtr::of(u)),
+                None => (
+                    pg,
+                    pg.slice(cols, pg.len() - cols)
+                        .ok_or_else(|| CudaError::Invalid {
+                            op: "glu check",
+                            detail: "fused rows".into(),
+                        })?,
+                ),
+            };
+            let dout = cx.dev.filled_f32(rows * cols, f32::NAN)?;
+            let d16 = cx.dev.upload(&vec![0x7fc0u16; rows * cols])?;
+            cx.dev.glu_vec_ptr(
+                &ve,
+                gp,
+                upp,
+                DevPtr::of(&dout),
+                with16.then(|| DevPtr::of(&d16)),
+                rows,
+                cols,
+                [w, w, cols],
+            )?;
+            let y = cx.dev.download(&dout)?;
+            cmp = cmp.merge(Comparison::new(&y, &want));
+            if with16 {
+                let got: Vec<f32> = cx
+                    .dev
+                    .download(&d16)?
+                    .into_iter()
+                    .map(bf16_to_f32)
+                    .collect();
+                let exp: Vec<f32> = y
+                    .iter()
+                    .map(|&v| half::bf16::from_f32(v).to_f32())
+                    .collect();
+                cmp = cmp.merge(Comparison::identical(&got, &exp));
+            }
+        }
+
+        // Timing: the multi-row entry on a Qwen3-8B prefill, 512 rows of the fused [512, 2 x
+        // 12288] gate|up, writing out and its bf16 copy.
+        let (rows, ff) = (512usize, 12_288usize);
+        let dx = cx
             .dev
-            .upload(&uniform(&mut cx.rng, rows * cols, -6.0, 6.0))?;
-        let du = cx
-            .dev
-            .upload(&uniform(&mut cx.rng, rows * cols, -2.0, 2.0))?;
-        let mut out = cx.dev.filled_f32(rows * cols, f32::NAN)?;
+            .upload(&uniform(&mut cx.rng, rows * 2 * ff, -6.0, 6.0))?;
+        let out = cx.dev.filled_f32(rows * ff, f32::NAN)?;
+        let o16 = cx.dev.upload(&vec![0u16; rows * ff])?;
+        let all = DevPtr::of(&dx);
+        let up = all
+            .slice(ff, all.len() - ff)
+            .ok_or_else(|| CudaError::Invalid {
+                op: "glu check",
+                detail: "fused rows".into(),
+            })?;
         let dev = cx.dev;
-        let shape = GluShape::contiguous(rows, cols);
+        let (po, p16) = (DevPtr::of(&out), DevPtr::of(&o16));
         let micros = time_us(dev, cx.iters, || {
-            dev.glu(
-                spec,
-                &dg.as_view(),
-                &du.as_view(),
-                &mut out.as_view_mut(),
-                &shape,
-            )
+            dev.glu_vec_ptr(&ve, all, up, po, Some(p16), rows, ff, [2 * ff, 2 * ff, ff])
         })?;
         Ok(Measured { cmp, micros })
     }

@@ -1,10 +1,11 @@
 //! RMSNorm instances vs `crate::ops::rms_norm`: plain, 1+w and weightless; whole rows and
 //! per-head groups; a dim that is not a multiple of the block size; the `__q8` entry (int8
-//! side-car: bytes and scales exactly `quantize_q8_1` of the output).
+//! side-car: bytes and scales exactly `quantize_q8_1` of the output); the one-warp-per-group
+//! entries (`__warp<M>`) against the reference and the main entry bit for bit, and in place.
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use super::add_rmsnorm::side_car_cmp;
-use crate::backend::cuda::{CudaError, DevPtr, Kern, NormWeightPtr};
+use crate::backend::cuda::{rms_norm_rows_suffix, CudaError, DevPtr, Kern, NormWeightPtr};
 use crate::backend::Norm;
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::{rms_norm, NormWeight};
@@ -98,6 +99,72 @@ impl KernelCheck for RmsNormCheck {
                 &cx.dev.download(&dq)?,
                 &cx.dev.download(&dd)?,
             ));
+        }
+        // The one-warp-per-group entries (`__warp4/8/16/32`, prefill per-head norms): the
+        // reference, and the main entry's output bit for bit. Groups of 16 (golden models), 96,
+        // 128, 256, 512, a partly filled warp32 (1000) and 1024.
+        for &(groups, dim, mode) in &[
+            (33usize, 16usize, 1u8),
+            (17, 96, 0),
+            (300, 128, 0),
+            (40, 256, 1),
+            (9, 512, 2),
+            (10, 1000, 0),
+            (3, 1024, 1),
+        ] {
+            let n = groups * dim;
+            let x = uniform(&mut cx.rng, n, -3.0, 3.0);
+            let w = uniform(&mut cx.rng, dim, -1.0, 1.5);
+            let mut want = vec![0f32; n];
+            let nw = match mode {
+                0 => NormWeight::Plain(&w),
+                1 => NormWeight::OnePlus(&w),
+                _ => NormWeight::None,
+            };
+            rms_norm(&x, nw, eps, dim, &mut want);
+            let (dx, dw) = (cx.dev.upload(&x)?, cx.dev.upload(&w)?);
+            let wp = match mode {
+                0 => NormWeightPtr::Plain(DevPtr::of(&dw)),
+                1 => NormWeightPtr::OnePlus(DevPtr::of(&dw)),
+                _ => NormWeightPtr::None,
+            };
+            let (dmain, drows) = (
+                cx.dev.filled_f32(n, f32::NAN)?,
+                cx.dev.filled_f32(n, f32::NAN)?,
+            );
+            cx.dev.rms_norm_ptr(
+                &kern,
+                DevPtr::of(&dx),
+                wp,
+                DevPtr::of(&dmain),
+                eps,
+                dim,
+                None,
+            )?;
+            let sfx = rms_norm_rows_suffix(dim).ok_or_else(|| CudaError::Invalid {
+                op: "rmsnorm check",
+                detail: format!("no warp entry for {dim}"),
+            })?;
+            let e = cx.dev.kern_entry(&kern, sfx)?;
+            cx.dev
+                .rms_norm_rows_ptr(&e, DevPtr::of(&dx), wp, DevPtr::of(&drows), eps, dim)?;
+            let (ym, yr) = (cx.dev.download(&dmain)?, cx.dev.download(&drows)?);
+            cmp = cmp
+                .merge(Comparison::new(&yr, &want))
+                .merge(Comparison::identical(&yr, &ym));
+        }
+        // in place (x == y) through a warp entry
+        {
+            let (groups, dim) = (24usize, 128usize);
+            let x = uniform(&mut cx.rng, groups * dim, -3.0, 3.0);
+            let mut want = vec![0f32; x.len()];
+            rms_norm(&x, NormWeight::None, eps, dim, &mut want);
+            let dx = cx.dev.upload(&x)?;
+            let e = cx.dev.kern_entry(&kern, "warp4")?;
+            let px = DevPtr::of(&dx);
+            cx.dev
+                .rms_norm_rows_ptr(&e, px, NormWeightPtr::None, px, eps, dim)?;
+            cmp = cmp.merge(Comparison::new(&cx.dev.download(&dx)?, &want));
         }
         // Timing: one decode-sized batch of 32 rows x 4096.
         let (groups, dim) = (32usize, 4096usize);

@@ -2,10 +2,11 @@
 //! output comes from the pool; copies are device-to-device (strided `cuMemcpy2DAsync`), so
 //! none of these touch the host during a decode step.
 
-use super::super::buf::{copy, DevBuf};
+use super::super::buf::{copy, DevBuf, DevPtr};
 use super::super::launch::RopeLaunch;
+use super::super::launch_prefill::{glu_vec_ok, rms_norm_rows_suffix, PREFILL_MIN_ROWS};
 use super::super::launch_ptr::{copy_2d, Broadcast, EwiseMode, NormWeightPtr};
-use super::super::types::{GpuTensor, GpuWeight, Q8Side};
+use super::super::types::{Bf16Side, GpuTensor, GpuWeight, Q8Side};
 use super::linear::{slice, sub};
 use super::step::StepInput;
 use super::CudaBackend;
@@ -139,6 +140,10 @@ impl CudaBackend {
             Activation::GeluTanh => Op::Geglu,
             Activation::Silu => Op::Swiglu,
         };
+        let n = gate.cols;
+        if let Some(y) = self.glu_rows(op, gate.ptr(), up.ptr(), gate.rows, n, [n; 3])? {
+            return Ok(y);
+        }
         let k = self.kern(op, Quant::F32, BatchBucket::Any)?;
         let y = self.alloc_tensor(gate.rows, gate.cols)?;
         let q8 = self.q8_side(gate.rows, gate.cols)?;
@@ -171,12 +176,15 @@ impl CudaBackend {
             Activation::GeluTanh => Op::Geglu,
             Activation::Silu => Op::Swiglu,
         };
-        let k = self.kern(op, Quant::F32, BatchBucket::Any)?;
-        let y = self.alloc_tensor(x.rows, ff)?;
         let all = x.ptr();
         let up = all
             .slice(ff, all.len() - ff)
             .ok_or_else(|| shape("glu_fused", "empty input".into()))?;
+        if let Some(y) = self.glu_rows(op, all, up, x.rows, ff, [x.cols, x.cols, ff])? {
+            return Ok(y);
+        }
+        let k = self.kern(op, Quant::F32, BatchBucket::Any)?;
+        let y = self.alloc_tensor(x.rows, ff)?;
         let q8 = self.q8_side(x.rows, ff)?;
         let kq = match q8 {
             Some(_) => Some(self.kern_q8(op)?),
@@ -193,6 +201,35 @@ impl CudaBackend {
             kq.as_ref().zip(q8.as_ref().map(Q8Side::ptrs)),
         )?;
         Ok(y.with_q8(q8))
+    }
+
+    /// The multi-row GLU (`__vec`, n >= [`PREFILL_MIN_ROWS`] rows of float4-able operands):
+    /// `[rows, cols]` f32 output carrying its bf16 copy for the prefill GEMM; None when the
+    /// shape is not one for it (the caller runs the plain kernel).
+    fn glu_rows(
+        &self,
+        op: Op,
+        gate: DevPtr<f32>,
+        up: DevPtr<f32>,
+        rows: usize,
+        cols: usize,
+        strides: [usize; 3],
+    ) -> Result<Option<GpuTensor>> {
+        if rows < PREFILL_MIN_ROWS || cols == 0 {
+            return Ok(None);
+        }
+        let y = self.alloc_tensor(rows, cols)?;
+        if !glu_vec_ok(gate, up, y.ptr(), cols, strides) {
+            return Ok(None);
+        }
+        let e = self.kern_entry(op, Quant::F32, "vec")?;
+        let side = Bf16Side {
+            buf: self.pool.alloc(rows * cols * 2)?,
+            len: rows * cols,
+        };
+        self.dev
+            .glu_vec_ptr(&e, gate, up, y.ptr(), Some(side.ptr()), rows, cols, strides)?;
+        Ok(Some(y.with_bf16(Some(side))))
     }
 
     pub(super) fn slice_cols_impl(
@@ -316,6 +353,14 @@ impl CudaBackend {
         }
         let y = self.alloc_tensor(x.rows, x.cols)?;
         if x.is_empty() {
+            return Ok(y);
+        }
+        // many rows of small groups (per-head norms of a prefill): one warp per group, the
+        // same values as one block per group
+        if let Some(sfx) = rms_norm_rows_suffix(dim).filter(|_| x.rows >= PREFILL_MIN_ROWS) {
+            let e = self.kern_entry(Op::RmsNorm, Quant::F32, sfx)?;
+            self.dev
+                .rms_norm_rows_ptr(&e, x.ptr(), wp, y.ptr(), eps, dim)?;
             return Ok(y);
         }
         let k = self.kern(Op::RmsNorm, Quant::F32, BatchBucket::Any)?;

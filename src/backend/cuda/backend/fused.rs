@@ -2,12 +2,14 @@
 //! one launch, with the int8 side-car of a one-row output) and `attn_prep` (per-head q/k/v
 //! norms, RoPE, K/V into the cache: one launch instead of up to six). Both read and write
 //! only pooled or cache memory and take positions from the step buffer, so they sit in a
-//! recorded decode step like the ops they replace.
+//! recorded decode step like the ops they replace. With many rows (prefill) `attn_prep` takes
+//! the kernel's multi-row entry (one warp per (row, head)), whose bytes equal the decode form's.
 
 use super::super::kv::{kv_layout, kv_quant, KV_SCALE};
 use super::super::launch_fused::{AttnPrepBufs, AttnPrepLaunch, ATTN_PREP_MAX_HEAD_DIM};
+use super::super::launch_prefill::{attn_prep_rows_suffix, PREFILL_MIN_ROWS};
 use super::super::launch_ptr::NormWeightPtr;
-use super::super::types::{GpuKvCache, GpuTensor, Q8Side};
+use super::super::types::{Bf16Side, GpuKvCache, GpuTensor, Q8Side};
 use super::CudaBackend;
 use crate::backend::{attn_prep_composed, AttnPrep, BackendError, Norm, Result};
 use crate::kernels::{BatchBucket, Op, Quant};
@@ -65,6 +67,26 @@ impl CudaBackend {
         } else {
             None
         };
+        // many rows of a whole-row norm feed a prefill GEMM: write their bf16 copy too
+        if h.rows >= PREFILL_MIN_ROWS && dim == h.cols {
+            let e = self.kern_entry(Op::AddRmsNorm, Quant::F32, "bf16")?;
+            let side = Bf16Side {
+                buf: self.pool.alloc(h.len() * 2)?,
+                len: h.len(),
+            };
+            self.dev.add_rms_norm_bf16_ptr(
+                &e,
+                h.ptr(),
+                y.ptr(),
+                s.ptr(),
+                wp,
+                n.ptr(),
+                eps,
+                dim,
+                side.ptr(),
+            )?;
+            return Ok((s, n.with_bf16(Some(side))));
+        }
         let k = self.kern(Op::AddRmsNorm, Quant::F32, BatchBucket::Any)?;
         self.dev.add_rms_norm_ptr(
             &k,
@@ -166,7 +188,14 @@ impl CudaBackend {
             v_cache: cache.v.u8(),
         };
         let layout = kv_layout(&cache.shape, cache.kv_type);
-        self.dev.attn_prep_ptr(&kern, &launch, &layout, &bufs)?;
+        match attn_prep_rows_suffix(hd).filter(|_| q.rows >= PREFILL_MIN_ROWS) {
+            // many rows: one warp per (row, head), the same bytes as the decode kernel
+            Some(sfx) => {
+                let e = self.kern_entry(Op::AttnPrep, kv_quant(cache.kv_type), sfx)?;
+                self.dev.attn_prep_rows_ptr(&e, &launch, &layout, &bufs)?;
+            }
+            None => self.dev.attn_prep_ptr(&kern, &launch, &layout, &bufs)?,
+        }
         cache.len = cache.len.max(pos0 + q.rows);
         Ok(q_out)
     }

@@ -5,7 +5,7 @@
 //!   carries the int8 side-car its producer wrote (rmsnorm, add_rmsnorm, glu: same bytes). When n is not a bucket the
 //!   rows are padded with zeros (the GEMV reads `bucket` rows of x, `[bucket][k]`, and writes
 //!   `bucket` rows of y; the tensor returned is the first n rows of that buffer).
-//! - n > 8: activations to bf16 (`cast_bf16`) and the tensor-core GEMM: `gemm_pipe` over bf16
+//! - n > 8: activations to bf16 (`cast_bf16`, or the bf16 copy x carries) and the tensor-core GEMM: `gemm_pipe` over bf16
 //!   weights, or over GGUF block weights dequantised to bf16 chunk by chunk (`linear_pipe.rs`);
 //!   shapes it does not take go to the per-format `gemm` (dequantising tiles in its loader);
 //!   formats without a GEMM (F32, F16) run the batch-8 GEMV over chunks of 8 rows.
@@ -76,10 +76,7 @@ impl CudaBackend {
         }
         if has_gemm(v.quant) && k % 8 == 0 {
             if let Ok(g) = self.kern(Op::Gemm, v.quant, BatchBucket::Any) {
-                let a = self.pool.alloc(n * k * 2)?;
-                let a16: DevPtr<u16> = slice(a.ptr(), n * k)?;
-                let cast = self.kern(Op::CastBf16, Quant::F32, BatchBucket::Any)?;
-                self.dev.cast_bf16_ptr(&cast, x.ptr(), a16)?;
+                let (_a, a16) = self.bf16_activations(x)?;
                 let c = self.pool.alloc(n * out * 4)?;
                 self.dev
                     .gemm_ptr(&g, a16, v.data, slice(c.f32(), n * out)?, (n, out, k))?;

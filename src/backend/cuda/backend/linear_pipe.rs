@@ -1,6 +1,7 @@
 //! `linear` for n > 8 rows through `gemm_pipe` (multi-stage bf16 mma.sync GEMM):
 //!
-//! - activations to bf16 (`cast_bf16`);
+//! - activations to bf16 (`cast_bf16`), unless x carries the bf16 copy its producer wrote
+//!   (`GpuTensor::bf16`: the multi-row GLU), which is the same bits;
 //! - BF16 weights: the GEMM reads them in place;
 //! - GGUF block weights (Q8_0 Q4_0 Q5_0 Q4_K Q6_K): `dequant_bf16` turns a chunk of output rows
 //!   into a pooled bf16 scratch, then the GEMM writes that chunk's columns of the output (row
@@ -14,7 +15,7 @@
 //! multiple of 8, an odd number of outputs, unaligned weights, other formats) return None and
 //! the caller falls back to `gemm` / the GEMV.
 
-use super::super::buf::DevPtr;
+use super::super::buf::{DevBuf, DevPtr};
 use super::super::launch_gemm::{chunk_rows, GemmPipe, GEMM_PIPE_BK};
 use super::super::types::{GpuTensor, WeightView};
 use super::super::weight_block;
@@ -80,11 +81,8 @@ impl CudaBackend {
         if k % be != 0 {
             return Ok(None);
         }
-        // activations to bf16
-        let a = self.pool.alloc(n * k * 2)?;
-        let a16 = slice(a.ptr::<u16>(), n * k)?;
-        let cast = self.kern(Op::CastBf16, Quant::F32, BatchBucket::Any)?;
-        self.dev.cast_bf16_ptr(&cast, x.ptr(), a16)?;
+        // activations to bf16 (or the copy their producer wrote)
+        let (_a, a16) = self.bf16_activations(x)?;
         let c = self.pool.alloc(n * out * 4)?;
         let call = slice(c.f32(), n * out)?;
         let launch = |w16: DevPtr<u16>, c0: usize, rows: usize| -> Result<()> {
@@ -123,6 +121,20 @@ impl CudaBackend {
             }
         }
         Ok(Some(GpuTensor::new(c, n, out)))
+    }
+
+    /// The bf16 form of `x` (`[n][k]`): its side-car when it carries one, else a `cast_bf16`
+    /// into a pooled buffer (returned with the pointer, to keep it alive).
+    pub(super) fn bf16_activations(&self, x: &GpuTensor) -> Result<(Option<DevBuf>, DevPtr<u16>)> {
+        let len = x.rows * x.cols;
+        if let Some(s) = x.bf16.as_ref().filter(|s| s.len == len) {
+            return Ok((None, s.ptr()));
+        }
+        let a = self.pool.alloc(len * 2)?;
+        let a16 = slice(a.ptr::<u16>(), len)?;
+        let cast = self.kern(Op::CastBf16, Quant::F32, BatchBucket::Any)?;
+        self.dev.cast_bf16_ptr(&cast, x.ptr(), a16)?;
+        Ok((Some(a), a16))
     }
 
     /// `x @ w^T` through `gemm_pipe` (n > 8 rows), with `scratch_cap` bytes of weight scratch at

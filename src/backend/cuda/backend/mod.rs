@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::buf::{read_ptr, DevBuf, Pool, PoolStats};
 use super::error::CudaError;
 use super::graph::StepGraph;
+use super::launch_prefill::KernEntry;
 use super::launch_ptr::{Kern, KernQ8};
 use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
 use super::CudaDevice;
@@ -49,6 +50,8 @@ pub struct CudaBackend {
     gemm_pipe: std::sync::OnceLock<Option<super::GemmPipe>>,
     /// Their int8 side-car entries (`__q8`) by op (rmsnorm, geglu, swiglu: f32 instances).
     kernels_q8: Mutex<HashMap<Op, KernQ8>>,
+    /// Extra entries (`__<suffix>`: the multi-row forms) by (op, quant, suffix).
+    kernels_entry: Mutex<HashMap<(Op, Quant, &'static str), KernEntry>>,
     /// Token ids and positions of the current forward pass.
     step: Mutex<StepState>,
     /// RoPE frequency divisors on the device, keyed by their bits.
@@ -91,6 +94,7 @@ impl CudaBackend {
             kernels: Mutex::new(HashMap::new()),
             gemm_pipe: std::sync::OnceLock::new(),
             kernels_q8: Mutex::new(HashMap::new()),
+            kernels_entry: Mutex::new(HashMap::new()),
             step: Mutex::new(StepState::default()),
             freq: Mutex::new(HashMap::new()),
             progress: Arc::new(AtomicUsize::new(0)),
@@ -136,6 +140,24 @@ impl CudaBackend {
             .dev
             .kern_q8(&self.kern(op, Quant::F32, BatchBucket::Any)?)?;
         lock(&self.kernels_q8).insert(op, k.clone());
+        Ok(k)
+    }
+
+    /// The entry `__<suffix>` of the (op, quant) instance, loaded once.
+    pub(crate) fn kern_entry(
+        &self,
+        op: Op,
+        quant: Quant,
+        suffix: &'static str,
+    ) -> Result<KernEntry> {
+        let key = (op, quant, suffix);
+        if let Some(k) = lock(&self.kernels_entry).get(&key) {
+            return Ok(k.clone());
+        }
+        let k = self
+            .dev
+            .kern_entry(&self.kern(op, quant, BatchBucket::Any)?, suffix)?;
+        lock(&self.kernels_entry).insert(key, k.clone());
         Ok(k)
     }
 
