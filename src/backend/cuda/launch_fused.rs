@@ -51,11 +51,14 @@ pub struct NormAddWeights {
 /// Blocks per group of a `norm_add_rmsnorm` launch of `groups` groups of `dim` values at
 /// `threads` threads: one group (a decode row) held in registers is split over one block per
 /// `threads` values (each block stores its share; see the template), anything else takes one
-/// block per group.
+/// block per group. `FUCINA_NORM_ADD_SPLIT=0` keeps one block per group (to measure the split;
+/// the results are the same bits either way).
 pub fn norm_add_chunks(groups: usize, dim: usize, threads: usize) -> usize {
     const REG: usize = 16; // the template's REG
+    static SPLIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let split = *SPLIT.get_or_init(|| std::env::var("FUCINA_NORM_ADD_SPLIT").as_deref() != Ok("0"));
     let per = dim.div_ceil(threads.max(1));
-    if groups == 1 && (2..=REG).contains(&per) {
+    if split && groups == 1 && (2..=REG).contains(&per) {
         per
     } else {
         1
@@ -335,5 +338,25 @@ impl CudaDevice {
                 &ints[3], &ints[4], &ints[5], &p.theta, &pg, &cap, &ik, &iv,
             ],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::norm_add_chunks;
+
+    #[test]
+    fn one_decode_row_in_registers_is_split() {
+        if std::env::var("FUCINA_NORM_ADD_SPLIT").as_deref() == Ok("0") {
+            return; // split turned off for this process
+        }
+        // Gemma 4 12B hidden: 15 blocks of 256 values; Gemma 3 1B: 5
+        assert_eq!(norm_add_chunks(1, 3840, 256), 15);
+        assert_eq!(norm_add_chunks(1, 1152, 256), 5);
+        // one block's worth, the loop path (past 16 x 256), several groups: not split
+        assert_eq!(norm_add_chunks(1, 256, 256), 1);
+        assert_eq!(norm_add_chunks(1, 5376, 256), 1);
+        assert_eq!(norm_add_chunks(7, 3840, 256), 1);
+        assert_eq!(norm_add_chunks(16, 128, 256), 1);
     }
 }
