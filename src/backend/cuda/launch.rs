@@ -122,7 +122,7 @@ impl CudaDevice {
         let (dim_i, mode_i) = (int(OP, "dim", dim)?, mode as i32);
         let cfg = LaunchConfig {
             grid_dim: (groups, 1, 1),
-            block_dim: (Self::threads(spec, 256), 1, 1),
+            block_dim: (super::launch_ptr::norm_block_threads(spec, dim), 1, 1),
             shared_mem_bytes: 0,
         };
         let null = 0u64;

@@ -135,7 +135,7 @@ impl CudaDevice {
         let (qp, dp) = q8_args(OP, q8, n, dim)?;
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, n / dim)?, 1, 1),
-            block_dim: (k.spec.param_u32("threads").unwrap_or(256), 1, 1),
+            block_dim: (super::launch_ptr::norm_block_threads(k.spec, dim), 1, 1),
             shared_mem_bytes: 0,
         };
         let (ap, bp, sp, yp, d) = (a.raw(), b.raw(), s.raw(), y.raw(), int(OP, "dim", dim)?);

@@ -131,6 +131,17 @@ pub(crate) fn q8_args(
 }
 
 /// Blocks of a grid-stride elementwise launch over `n` values (enough to fill a large GPU).
+/// Threads per block of a norm over groups of `dim` values (`rmsnorm`, `add_rmsnorm`: the two
+/// must agree, so fused and unfused results round alike): whole rows (dim >= 1024) take up to
+/// 1024 threads, a handful of values each (a one-row decode norm is a latency chain: fewer
+/// values per thread, shorter chain); per-head groups keep 256 (`attn_prep` matches them).
+/// Never more than the instance's `threads` (its launch bound).
+pub(crate) fn norm_block_threads(spec: &KernelSpec, dim: usize) -> u32 {
+    let max = spec.param_u32("threads").unwrap_or(256).max(32);
+    let want = if dim >= 1024 { 1024 } else { 256 };
+    want.min(max)
+}
+
 fn stride_grid(n: usize, threads: usize) -> u32 {
     n.div_ceil(threads).clamp(1, 65_536) as u32
 }
@@ -209,7 +220,7 @@ impl CudaDevice {
         }
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, x.len() / dim)?, 1, 1),
-            block_dim: (k.spec.param_u32("threads").unwrap_or(256), 1, 1),
+            block_dim: (norm_block_threads(k.spec, dim), 1, 1),
             shared_mem_bytes: 0,
         };
         let (xp, wp, yp, d) = (x.raw(), wp.raw(), y.raw(), int(OP, "dim", dim)?);
