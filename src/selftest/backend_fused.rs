@@ -238,7 +238,7 @@ fn norm<T>(mode: u8, w: &T) -> Norm<'_, T> {
 
 pub(super) fn norm_add_rms_norm_cases(cx: &mut Ctx) {
     let cases: [NormAddCase; 5] = [
-        // Gemma 4 12B decode: post-FFN norm, layer scalar, next attn_norm (15 blocks + side-car)
+        // Gemma 4 12B decode: post-FFN norm, layer scalar, next attn_norm (4 blocks + side-car)
         (1, 3840, 3840, Some(0), 0, Some(0.6)),
         // post-attention norm, add, ffn_norm (no scale)
         (1, 3840, 3840, Some(0), 0, None),

@@ -54,7 +54,7 @@ pub struct NormAddWeights {
 /// block per group. `FUCINA_NORM_ADD_SPLIT=0` keeps one block per group (to measure the split;
 /// the results are the same bits either way).
 pub fn norm_add_chunks(groups: usize, dim: usize, threads: usize) -> usize {
-    const REG: usize = 16; // the template's REG
+    const REG: usize = 4; // the template's REG
     static SPLIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let split = *SPLIT.get_or_init(|| std::env::var("FUCINA_NORM_ADD_SPLIT").as_deref() != Ok("0"));
     let per = dim.div_ceil(threads.max(1));
@@ -195,7 +195,8 @@ impl CudaDevice {
         let (bmode, bw) = norm_mode(OP, w.post, dim)?;
         let (mode, wp) = norm_mode(OP, Some(w.norm), dim)?;
         let (qp, dp) = q8_args(OP, q8, n, dim)?;
-        let threads = k.spec.param_u32("threads").unwrap_or(256);
+        // rmsnorm's block size for this dim: the same reduction order, the same bits
+        let threads = super::launch_ptr::norm_block_threads(k.spec, dim);
         let chunks = norm_add_chunks(n / dim, dim, threads as usize);
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, n / dim)?, grid(OP, chunks)?, 1),
@@ -205,7 +206,7 @@ impl CudaDevice {
         let d = int(OP, "dim", dim)?;
         // (const float* a, const float* b, float* s, const float* wb, int b_mode, float scale,
         //  const float* w, int mode, float* y, int dim, float eps, signed char* xq,
-        //  float2* xds); lengths checked above, chunks <= 16 (grid y)
+        //  float2* xds); lengths checked above, chunks <= 4 (grid y)
         self.go(
             k,
             cfg,
@@ -350,13 +351,14 @@ mod tests {
         if std::env::var("FUCINA_NORM_ADD_SPLIT").as_deref() == Ok("0") {
             return; // split turned off for this process
         }
-        // Gemma 4 12B hidden: 15 blocks of 256 values; Gemma 3 1B: 5
-        assert_eq!(norm_add_chunks(1, 3840, 256), 15);
-        assert_eq!(norm_add_chunks(1, 1152, 256), 5);
-        // one block's worth, the loop path (past 16 x 256), several groups: not split
+        // Gemma 4 12B hidden at 1024 threads: 4 blocks of 1024 values; Gemma 3 1B: 2
+        assert_eq!(norm_add_chunks(1, 3840, 1024), 4);
+        assert_eq!(norm_add_chunks(1, 1152, 1024), 2);
+        // one block's worth, the loop path (past 4 x 1024), several groups: not split
         assert_eq!(norm_add_chunks(1, 256, 256), 1);
-        assert_eq!(norm_add_chunks(1, 5376, 256), 1);
-        assert_eq!(norm_add_chunks(7, 3840, 256), 1);
+        assert_eq!(norm_add_chunks(1, 1024, 1024), 1);
+        assert_eq!(norm_add_chunks(1, 5376, 1024), 1);
+        assert_eq!(norm_add_chunks(7, 3840, 1024), 1);
         assert_eq!(norm_add_chunks(16, 128, 256), 1);
     }
 }

@@ -1,7 +1,8 @@
 //! `norm_add_rmsnorm` instances vs `crate::ops::rms_norm` of the branch, the add, the scale
 //! and `crate::ops::rms_norm` of the sum: plain, 1+w, weightless and no branch norm; a Gemma 4
-//! 12B decode row (split over 15 blocks), a row on the loop path, a prefill block, per-head
-//! groups, an odd dim; the int8 side-car vs `crate::ops::qdot::quantize_q8_1` of the kernel's
+//! 12B decode row (split over 4 blocks), split rows of 3 and 2 blocks, a row on the loop path,
+//! two rows with a side-car (unsplit, 4 groups per warp), a prefill block, per-head groups, an
+//! odd dim; the int8 side-car vs `crate::ops::qdot::quantize_q8_1` of the kernel's
 //! own output (bytes and scales exact). Unwritten values stay NaN and fail, so a block split
 //! that skips a chunk cannot pass.
 
@@ -48,8 +49,9 @@ impl KernelCheck for NormAddRmsNormCheck {
             spec,
             f: cx.dev.function(spec)?,
         };
-        let cases: [Case; 8] = [
+        let cases: [Case; 9] = [
             (1, 3840, Some(0), 0, 0.73, true),
+            (2, 4096, Some(0), 1, 0.9, true),
             (1, 5376, Some(1), 1, 1.0, true),
             (7, 3840, Some(0), 0, 0.5, false),
             (1, 2560, None, 0, 0.25, true),
