@@ -110,6 +110,9 @@ key_enum! {
         AddRmsNorm => "add_rmsnorm",
         /// Attention input: per-head q/k norms, RoPE, K/V into the paged cache, one launch.
         AttnPrep => "attn_prep",
+        /// Gemma's sandwich residual: RMSNorm of the branch output, residual add, optional
+        /// layer scalar, the next RMSNorm (+ the int8 side-car of one row), one launch.
+        NormAddRmsNorm => "norm_add_rmsnorm",
     }
 }
 

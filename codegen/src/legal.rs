@@ -77,6 +77,7 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
         | Op::Ewise
         | Op::L2Norm
         | Op::AddRmsNorm
+        | Op::NormAddRmsNorm
         | Op::CastBf16 => {
             quant_in(key, &[Quant::F32])?;
             any_hd(key)?;
@@ -261,6 +262,16 @@ mod tests {
         assert!(check_legal(&KernelKey {
             quant: Quant::F16,
             ..an
+        })
+        .is_err());
+        let nan = KernelKey {
+            op: Op::NormAddRmsNorm,
+            ..k
+        };
+        assert!(check_legal(&nan).is_ok());
+        assert!(check_legal(&KernelKey {
+            head_dim: HeadDim::D128,
+            ..nan
         })
         .is_err());
         // MoE: router / combine are f32 and batch-agnostic; the grouped GEMV takes GGUF formats

@@ -67,6 +67,17 @@ pub struct AttnPrep<'a, T> {
     pub rope: &'a Rope,
 }
 
+/// What [`Backend::norm_add_rms_norm`] does to a branch output before the residual add, and to
+/// the sum (Gemma's sandwich norms around attention and the FFN, Gemma 4's layer scalar).
+#[derive(Debug)]
+pub struct PostNorm<'a, T> {
+    /// RMSNorm of the branch output before it is added (Gemma's post-attention / post-FFN
+    /// norm); None: added as it is.
+    pub norm: Option<Norm<'a, T>>,
+    /// Multiplier on the sum (Gemma 4's `layer_scalar`); None: none.
+    pub scale: Option<f32>,
+}
+
 /// [`Backend::attn_prep`] composed of the plain ops, in the order the models ran them: q norm,
 /// k norm, v norm, RoPE of q, RoPE of k, kv_write (the trait's default; public so a backend
 /// overriding it can be checked against this composition on the same device).
@@ -335,6 +346,35 @@ pub trait Backend: Send + Sync + 'static {
         let s = self.add(h, y)?;
         let n = self.rms_norm(&s, w, eps, dim)?;
         Ok((s, n))
+    }
+    /// A residual add with a norm on each side in one op:
+    /// `s = (h + rms_norm(y, post.norm)) * post.scale`, returns `(s, rms_norm(s, w))`, both norms
+    /// over groups of `dim` with `eps` (Gemma: the post-attention norm, the add and `ffn_norm`;
+    /// the post-FFN norm, the add, the layer scalar and the next layer's input norm or the final
+    /// norm). Default: rms_norm, then `add_rms_norm` or add, scale, rms_norm.
+    fn norm_add_rms_norm(
+        &self,
+        h: &Self::Tensor,
+        y: &Self::Tensor,
+        post: &PostNorm<'_, Self::Tensor>,
+        w: Norm<'_, Self::Tensor>,
+        eps: f32,
+        dim: usize,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let yn = match &post.norm {
+            Some(n) => Some(self.rms_norm(y, n.reborrow(), eps, dim)?),
+            None => None,
+        };
+        let y = yn.as_ref().unwrap_or(y);
+        match post.scale {
+            None => self.add_rms_norm(h, y, w, eps, dim),
+            Some(c) => {
+                let s = self.add(h, y)?;
+                let s = self.scale(&s, c)?;
+                let n = self.rms_norm(&s, w, eps, dim)?;
+                Ok((s, n))
+            }
+        }
     }
     /// L2-normalise groups of `dim` columns: x / sqrt(sum(x^2) + eps).
     fn l2_norm(&self, x: &Self::Tensor, eps: f32, dim: usize) -> Result<Self::Tensor>;

@@ -1,10 +1,11 @@
 //! The fused ops' default bodies (what `CpuBackend` runs) equal the compositions the models ran
-//! before them, bit for bit: `add_rms_norm` = add, then rms_norm; `attn_prep` = per-head
+//! before them, bit for bit: `add_rms_norm` = add, then rms_norm; `norm_add_rms_norm` = rms_norm
+//! of the branch, add, scale, rms_norm; `attn_prep` = per-head
 //! rms_norm of q / k / v, rope of q and k, kv_write. Caches are compared through what
 //! attention reads from them.
 
 use super::cpu::{CpuBackend, CpuTensor};
-use super::{AttnParams, AttnPrep, Backend, KvShape, Norm, Rope};
+use super::{AttnParams, AttnPrep, Backend, KvShape, Norm, PostNorm, Rope};
 use crate::ops::RopeLayout;
 
 fn lcg(seed: u64, n: usize) -> Vec<f32> {
@@ -47,6 +48,64 @@ fn add_rms_norm_default_is_add_then_norm() {
     // shape errors are errors
     let (a, b, w) = (t(&be, 1, 2, 64), t(&be, 2, 1, 64), t(&be, 3, 1, 64));
     assert!(be.add_rms_norm(&a, &b, Norm::Plain(&w), 1e-6, 64).is_err());
+}
+
+#[test]
+fn norm_add_rms_norm_default_is_the_composition() {
+    let be = CpuBackend::new();
+    // (rows, cols, dim, branch norm mode, sum norm mode, scale)
+    for (rows, cols, dim, bmode, mode, scale) in [
+        (1, 256, 256, Some(0), 0, Some(0.7f32)),
+        (3, 96, 96, Some(1), 1, None),
+        (2, 128, 32, Some(2), 2, Some(2.0)),
+        (1, 64, 64, None, 0, Some(0.5)),
+        (2, 64, 64, None, 1, None),
+    ] {
+        let (a, b, wb, w) = (
+            t(&be, 1, rows, cols),
+            t(&be, 2, rows, cols),
+            t(&be, 3, 1, dim),
+            t(&be, 4, 1, dim),
+        );
+        let n = |m: u8, w| match m {
+            0 => Norm::Plain(w),
+            1 => Norm::OnePlus(w),
+            _ => Norm::None,
+        };
+        let post = PostNorm {
+            norm: bmode.map(|m| n(m, &wb)),
+            scale,
+        };
+        let (s, y) = be
+            .norm_add_rms_norm(&a, &b, &post, n(mode, &w), 1e-6, dim)
+            .unwrap();
+        // the ops the Gemma decoder ran before: post norm, add, layer scalar, next norm
+        let u = match bmode {
+            Some(m) => be.rms_norm(&b, n(m, &wb), 1e-6, dim).unwrap(),
+            None => b.clone(),
+        };
+        let mut s2 = be.add(&a, &u).unwrap();
+        if let Some(c) = scale {
+            s2 = be.scale(&s2, c).unwrap();
+        }
+        let y2 = be.rms_norm(&s2, n(mode, &w), 1e-6, dim).unwrap();
+        assert_eq!((s.rows, s.cols, y.rows, y.cols), (rows, cols, rows, cols));
+        assert_eq!(s.data, s2.data);
+        assert_eq!(y.data, y2.data);
+        if bmode.is_none() && scale.is_none() {
+            let (s3, y3) = be.add_rms_norm(&a, &b, n(mode, &w), 1e-6, dim).unwrap();
+            assert_eq!((s3.data, y3.data), (s.data, y.data));
+        }
+    }
+    // shape errors are errors
+    let (a, b, w) = (t(&be, 1, 2, 64), t(&be, 2, 1, 64), t(&be, 3, 1, 64));
+    let post = PostNorm {
+        norm: Some(Norm::Plain(&w)),
+        scale: Some(0.5),
+    };
+    assert!(be
+        .norm_add_rms_norm(&a, &b, &post, Norm::Plain(&w), 1e-6, 64)
+        .is_err());
 }
 
 /// Attention output of every position `0..len` of `cache` for the queries `q` (rows at `0..`).

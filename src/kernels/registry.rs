@@ -109,7 +109,7 @@ mod tests {
         let k = KernelKey::simple(Op::RmsNorm, Quant::F32, SmArch::Sm90a);
         let s = get(&k).unwrap();
         assert_eq!(s.name, "rmsnorm_f32_sm_90a");
-        assert_eq!(s.param_u32("threads"), Some(256));
+        assert_eq!(s.param_u32("threads"), Some(1024));
         let missing = KernelKey {
             quant: Quant::Bf16,
             ..k

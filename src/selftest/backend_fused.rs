@@ -8,6 +8,9 @@
 //!   reference (1e-3, as the other block-format GEMV rows);
 //! - add_rms_norm vs CpuBackend (its default: add, then rms_norm): sum 0, norm 1e-4; vs the
 //!   CUDA add + rms_norm: 0 (same norm code, same block size);
+//! - norm_add_rms_norm vs CpuBackend (its default: rms_norm, add, scale, rms_norm): sum and
+//!   norm 1e-4 (the sum carries the branch norm's rounding); vs the CUDA rms_norm, add, scale
+//!   and rms_norm kernels: 0 (same norm code, same block size); its side-car == quantize_q8: 0;
 //! - attn_prep vs CpuBackend's rms_norm + rope (q) and the cache encoding of kv_write applied to
 //!   its k / v (every cache byte, exact up to rounding ties; see `checks::attn_prep`): 1e-4;
 //!   vs `attn_prep_composed` on the same device (rms_norm, rope, kv_write kernels): 0, also
@@ -20,7 +23,9 @@ use super::checks::add_rmsnorm::side_car_cmp;
 use super::checks::attn_prep::cache_expect;
 use crate::backend::cuda::kv::{kv_layout, kv_quant};
 use crate::backend::cuda::{CudaBackend, GpuKvCache, GpuTensor, KvType};
-use crate::backend::{attn_prep_composed, Activation, AttnPrep, Backend, KvShape, Norm, Rope};
+use crate::backend::{
+    attn_prep_composed, Activation, AttnPrep, Backend, KvShape, Norm, PostNorm, Rope,
+};
 use crate::kernels::{BatchBucket, Op, Quant};
 use crate::ops::qdot::random_weights;
 use crate::ops::RopeLayout;
@@ -217,6 +222,117 @@ pub(super) fn add_rms_norm_cases(cx: &mut Ctx) {
             want.extend(host(&cx.gpu, &y)?);
             Ok((got, want))
         });
+    }
+}
+
+/// One norm_add_rms_norm case: rows, cols, group size, the branch norm's mode (None: no norm;
+/// 0 plain, 1 1+w, 2 weightless), the sum's norm mode, the scale.
+type NormAddCase = (usize, usize, usize, Option<u8>, u8, Option<f32>);
+
+/// The norm of `mode` (0 plain, 1 1+w, else weightless) with weight `w`.
+fn norm<T>(mode: u8, w: &T) -> Norm<'_, T> {
+    match mode {
+        0 => Norm::Plain(w),
+        1 => Norm::OnePlus(w),
+        _ => Norm::None,
+    }
+}
+
+pub(super) fn norm_add_rms_norm_cases(cx: &mut Ctx) {
+    let cases: [NormAddCase; 5] = [
+        // Gemma 4 12B decode: post-FFN norm, layer scalar, next attn_norm (4 blocks + side-car)
+        (1, 3840, 3840, Some(0), 0, Some(0.6)),
+        // post-attention norm, add, ffn_norm (no scale)
+        (1, 3840, 3840, Some(0), 0, None),
+        // MoE layer end: the branch already normed, scalar only
+        (1, 2816, 2816, None, 0, Some(1.5)),
+        // Gemma 3 prefill block with 1+w norms, on the loop path
+        (5, 5376, 5376, Some(1), 1, None),
+        // per-head weightless groups
+        (3, 512, 128, Some(2), 2, Some(0.5)),
+    ];
+    for (rows, cols, dim, bmode, mode, scale) in cases {
+        let a = uniform(&mut cx.rng, rows * cols, -40.0, 40.0);
+        let b = uniform(&mut cx.rng, rows * cols, -6.0, 6.0);
+        let wb = uniform(&mut cx.rng, dim, -1.0, 1.5);
+        let w = uniform(&mut cx.rng, dim, -1.0, 1.5);
+        let label = format!(
+            "norm_add_rms_norm [{rows}, {cols}] groups of {dim} post {bmode:?} mode {mode} scale {scale:?}"
+        );
+        cx.case(format!("{label} vs CPU"), 1e-4, |cx| {
+            let (ga, ca) = cx.t2(&a, rows, cols)?;
+            let (gb, cb) = cx.t2(&b, rows, cols)?;
+            let (gwb, cwb) = cx.t2(&wb, 1, dim)?;
+            let (gw, cw) = cx.t2(&w, 1, dim)?;
+            let gp = PostNorm {
+                norm: bmode.map(|m| norm(m, &gwb)),
+                scale,
+            };
+            let cp = PostNorm {
+                norm: bmode.map(|m| norm(m, &cwb)),
+                scale,
+            };
+            let (gs, gy) = cx
+                .gpu
+                .norm_add_rms_norm(&ga, &gb, &gp, norm(mode, &gw), 1e-6, dim)?;
+            let (cs, cy) = cx
+                .cpu
+                .norm_add_rms_norm(&ca, &cb, &cp, norm(mode, &cw), 1e-6, dim)?;
+            let mut got = host(&cx.gpu, &gs)?;
+            got.extend(host(&cx.gpu, &gy)?);
+            let mut want = cs.data;
+            want.extend(cy.data);
+            Ok((got, want))
+        });
+        cx.case(
+            format!("{label} == CUDA rms_norm + add + scale + rms_norm"),
+            0.0,
+            |cx| {
+                let ga = cx.gpu.tensor(&a, rows, cols)?;
+                let gb = cx.gpu.tensor(&b, rows, cols)?;
+                let gwb = cx.gpu.tensor(&wb, 1, dim)?;
+                let gw = cx.gpu.tensor(&w, 1, dim)?;
+                let p = PostNorm {
+                    norm: bmode.map(|m| norm(m, &gwb)),
+                    scale,
+                };
+                let (gs, gy) =
+                    cx.gpu
+                        .norm_add_rms_norm(&ga, &gb, &p, norm(mode, &gw), 1e-6, dim)?;
+                let gpu = &cx.gpu;
+                let u = match bmode {
+                    Some(m) => gpu.rms_norm(&gb, norm(m, &gwb), 1e-6, dim)?,
+                    None => gpu.scale(&gb, 1.0)?,
+                };
+                let s = gpu.add(&ga, &u)?;
+                let s = match scale {
+                    Some(c) => gpu.scale(&s, c)?,
+                    None => s,
+                };
+                let y = gpu.rms_norm(&s, norm(mode, &gw), 1e-6, dim)?;
+                let mut got = host(gpu, &gs)?;
+                got.extend(host(gpu, &gy)?);
+                let mut want = host(gpu, &s)?;
+                want.extend(host(gpu, &y)?);
+                Ok((got, want))
+            },
+        );
+        if rows == 1 && dim == cols {
+            cx.case(format!("{label} side-car == quantize_q8"), 0.0, |cx| {
+                let ga = cx.gpu.tensor(&a, rows, cols)?;
+                let gb = cx.gpu.tensor(&b, rows, cols)?;
+                let gwb = cx.gpu.tensor(&wb, 1, dim)?;
+                let gw = cx.gpu.tensor(&w, 1, dim)?;
+                let p = PostNorm {
+                    norm: bmode.map(|m| norm(m, &gwb)),
+                    scale,
+                };
+                let (_, gy) = cx
+                    .gpu
+                    .norm_add_rms_norm(&ga, &gb, &p, norm(mode, &gw), 1e-6, dim)?;
+                side_car_vs_kernel(&cx.gpu, &gy)
+            });
+        }
     }
 }
 

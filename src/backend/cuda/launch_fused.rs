@@ -1,6 +1,8 @@
 //! Launches of the fused decode kernels: `add_rmsnorm` (residual add + RMSNorm of the sum, with
-//! an optional int8 side-car) and `attn_prep` (per-head q/k/v norms, RoPE, K/V into the paged
-//! cache; its multi-row entries `__rows<M>` for prefill). Like `launch_ptr.rs`: raw device pointers, shapes validated against their lengths
+//! an optional int8 side-car), `norm_add_rmsnorm` (the same with an RMSNorm of the added branch
+//! and a scale on the sum) and `attn_prep` (per-head q/k/v norms, RoPE, K/V into the paged
+//! cache; its multi-row entries `__rows<M>` for prefill). Like `launch_ptr.rs`: raw device
+//! pointers, shapes validated against their lengths
 //! (errors, never panics), the kernel signature stated at each launch.
 
 use cudarc::driver::LaunchConfig;
@@ -38,6 +40,31 @@ fn norm_mode(
         ));
     }
     Ok((mode, w.raw()))
+}
+
+/// The weights of a `norm_add_rmsnorm` launch: the norm of the branch output (None: no norm)
+/// and the norm of the sum.
+#[derive(Debug, Clone, Copy)]
+pub struct NormAddWeights {
+    pub post: Option<NormWeightPtr>,
+    pub norm: NormWeightPtr,
+}
+
+/// Blocks per group of a `norm_add_rmsnorm` launch of `groups` groups of `dim` values at
+/// `threads` threads: one group (a decode row) held in registers is split over one block per
+/// `threads` values (each block stores its share; see the template), anything else takes one
+/// block per group. `FUCINA_NORM_ADD_SPLIT=0` keeps one block per group (to measure the split;
+/// the results are the same bits either way).
+pub fn norm_add_chunks(groups: usize, dim: usize, threads: usize) -> usize {
+    const REG: usize = 4; // the template's REG
+    static SPLIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let split = *SPLIT.get_or_init(|| std::env::var("FUCINA_NORM_ADD_SPLIT").as_deref() != Ok("0"));
+    let per = dim.div_ceil(threads.max(1));
+    if split && groups == 1 && (2..=REG).contains(&per) {
+        per
+    } else {
+        1
+    }
 }
 
 /// Shape and parameters of one `attn_prep` launch.
@@ -172,6 +199,75 @@ impl CudaDevice {
                 self.go(k, cfg, &[&ap, &bp, &sp, &wp, &yp, &d, &mode, &eps, &op])
             }
         }
+    }
+
+    /// `s = (a + rms_norm(b, w.post)) * scale`, `y = rms_norm(s, w.norm)` over groups of `dim`
+    /// values (all four the same length, none aliasing another), plus the int8 side-car of `y`
+    /// when `q8` is given (`dim % 32 == 0`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_add_rms_norm_ptr(
+        &self,
+        k: &Kern,
+        a: DevPtr<f32>,
+        b: DevPtr<f32>,
+        s: DevPtr<f32>,
+        w: NormAddWeights,
+        scale: f32,
+        y: DevPtr<f32>,
+        eps: f32,
+        dim: usize,
+        q8: Option<Q8Ptrs>,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "norm_add_rms_norm";
+        expect(k, &[Op::NormAddRmsNorm], OP)?;
+        let n = a.len();
+        if dim == 0 || n == 0 || n % dim != 0 || b.len() != n || s.len() != n || y.len() != n {
+            return Err(invalid(
+                OP,
+                format!(
+                    "a {n} / b {} / s {} / y {} not groups of {dim}",
+                    b.len(),
+                    s.len(),
+                    y.len()
+                ),
+            ));
+        }
+        // every buffer holds n floats: two overlap when their starts are closer than that
+        let span = |p: DevPtr<f32>| (p.raw(), p.raw() + 4 * n as u64);
+        let overlap = |p: DevPtr<f32>, q: DevPtr<f32>| {
+            let ((p0, p1), (q0, q1)) = (span(p), span(q));
+            p0 < q1 && q0 < p1
+        };
+        if [a, b, y].into_iter().any(|o| overlap(s, o)) || overlap(y, a) || overlap(y, b) {
+            return Err(invalid(OP, "an output overlaps another buffer".into()));
+        }
+        let (outs, ins) = ([s.raw(), y.raw()], [a.raw(), b.raw()]);
+        if !scale.is_finite() {
+            return Err(invalid(OP, format!("scale {scale}")));
+        }
+        let (bmode, bw) = norm_mode(OP, w.post, dim)?;
+        let (mode, wp) = norm_mode(OP, Some(w.norm), dim)?;
+        let (qp, dp) = q8_args(OP, q8, n, dim)?;
+        // rmsnorm's block size for this dim: the same reduction order, the same bits
+        let threads = super::launch_ptr::norm_block_threads(k.spec, dim);
+        let chunks = norm_add_chunks(n / dim, dim, threads as usize);
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, n / dim)?, grid(OP, chunks)?, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let d = int(OP, "dim", dim)?;
+        // (const float* a, const float* b, float* s, const float* wb, int b_mode, float scale,
+        //  const float* w, int mode, float* y, int dim, float eps, signed char* xq,
+        //  float2* xds); lengths checked above, chunks <= 4 (grid y)
+        self.go(
+            k,
+            cfg,
+            &[
+                &ins[0], &ins[1], &outs[0], &bw, &bmode, &scale, &wp, &mode, &outs[1], &d, &eps,
+                &qp, &dp,
+            ],
+        )
     }
 
     /// Per-head norms of q / k / v, RoPE of q and k at `pos`, q to `q_out`, k and v into the
@@ -341,5 +437,26 @@ impl CudaDevice {
                 &ints[3], &ints[4], &ints[5], &p.theta, &pg, &cap, &ik, &iv,
             ],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::norm_add_chunks;
+
+    #[test]
+    fn one_decode_row_in_registers_is_split() {
+        if std::env::var("FUCINA_NORM_ADD_SPLIT").as_deref() == Ok("0") {
+            return; // split turned off for this process
+        }
+        // Gemma 4 12B hidden at 1024 threads: 4 blocks of 1024 values; Gemma 3 1B: 2
+        assert_eq!(norm_add_chunks(1, 3840, 1024), 4);
+        assert_eq!(norm_add_chunks(1, 1152, 1024), 2);
+        // one block's worth, the loop path (past 4 x 1024), several groups: not split
+        assert_eq!(norm_add_chunks(1, 256, 256), 1);
+        assert_eq!(norm_add_chunks(1, 1024, 1024), 1);
+        assert_eq!(norm_add_chunks(1, 5376, 1024), 1);
+        assert_eq!(norm_add_chunks(7, 3840, 1024), 1);
+        assert_eq!(norm_add_chunks(16, 128, 256), 1);
     }
 }

@@ -10,6 +10,12 @@
 //! [G4]   x = x * layer_scalar
 //! ```
 //! then `final_norm`, the (tied) head and the optional final soft-cap.
+//!
+//! Fused as the backend allows: q, k, v in one projection (`QkvProj`); the q/k/v norms, RoPE and
+//! the cache write as one `attn_prep`; each residual add with the norm of the branch before it,
+//! the layer scalar and the norm of the sum after it (the next `ffn_norm`, `attn_norm` or
+//! `final_norm`) as one `norm_add_rms_norm`. A one-row step feeds the final-normed row to the
+//! head as it is (no row copy, so the norm's int8 side-car reaches the head's GEMV).
 
 use std::sync::Arc;
 
@@ -19,18 +25,26 @@ use crate::model::common::replay::StepReplay;
 use super::layers::{GemmaWeights, Layer};
 use super::spec::{GemmaSpec, NormForm};
 use super::weights::me;
-use crate::backend::{Activation, AttnParams, AttnPrep, Backend, KvShape, Norm};
+use crate::backend::{Activation, AttnParams, AttnPrep, Backend, KvShape, Norm, PostNorm};
 use crate::engine::SamplingParams;
 use crate::model::{
     host_forward_sample, BackendSampler, CausalLm, Logits, ModelError, ModelInfo, Session,
     TokenSampler,
 };
 
-/// The residual stream between layers: `x + y`, the add still pending when `y` is present (so
-/// that it runs fused with the norm that reads the sum).
-struct Resid<B: Backend> {
+/// A residual add still pending: the branch output `y`, the norm it takes before the add (None:
+/// added as it is) and the multiplier on the sum (the layer scalar).
+struct Pending<'w, B: Backend> {
+    y: B::Tensor,
+    post: Option<&'w B::Tensor>,
+    scale: Option<f32>,
+}
+
+/// The residual stream between layers: `x`, or `(x + post(y)) * scale` while an add is pending
+/// (so that it runs fused with the norm that reads the sum).
+struct Resid<'w, B: Backend> {
     x: B::Tensor,
-    y: Option<B::Tensor>,
+    y: Option<Pending<'w, B>>,
 }
 
 pub struct GemmaModel<B: Backend> {
@@ -118,13 +132,30 @@ impl<B: Backend> GemmaModel<B> {
         ))
     }
 
-    /// The hidden state `r.x + r.y` and `w`'s norm of it: one fused op when an add is pending.
-    fn norm_resid(&self, r: Resid<B>, w: &B::Tensor) -> Result<(B::Tensor, B::Tensor), ModelError> {
+    /// The hidden state `r` with its pending add done and `w`'s norm of it: one fused op
+    /// (`norm_add_rms_norm`) when an add is pending.
+    fn norm_resid(
+        &self,
+        r: Resid<'_, B>,
+        w: &B::Tensor,
+    ) -> Result<(B::Tensor, B::Tensor), ModelError> {
         match r.y {
-            Some(y) => self
-                .backend
-                .add_rms_norm(&r.x, &y, self.norm(w), self.spec.eps, self.spec.hidden)
-                .map_err(me),
+            Some(p) => {
+                let post = PostNorm {
+                    norm: p.post.map(|t| self.norm(t)),
+                    scale: p.scale,
+                };
+                self.backend
+                    .norm_add_rms_norm(
+                        &r.x,
+                        &p.y,
+                        &post,
+                        self.norm(w),
+                        self.spec.eps,
+                        self.spec.hidden,
+                    )
+                    .map_err(me)
+            }
             None => {
                 let n = self.rms(&r.x, w)?;
                 Ok((r.x, n))
@@ -133,17 +164,18 @@ impl<B: Backend> GemmaModel<B> {
     }
 
     /// One decoder layer over the hidden state `r` (`[n, hidden]`, rows at positions `pos0..`).
-    /// Every residual add followed by a norm of its sum runs as one `add_rms_norm`: the
-    /// post-attention add with `ffn_norm`, and (no PLE, no layer scalar) the layer's last add
-    /// with the next layer's `attn_norm` or the final norm, returned pending in `y`.
-    fn layer(
-        &self,
+    /// Every residual add runs fused with the norm of the branch before it and the norm of the
+    /// sum after it (`norm_add_rms_norm`): the post-attention norm, add and `ffn_norm`; and
+    /// (no PLE) the post-FFN norm, add and layer scalar with the next layer's `attn_norm` or the
+    /// final norm, returned pending in `y`.
+    fn layer<'w>(
+        &'w self,
         i: usize,
-        r: Resid<B>,
+        r: Resid<'w, B>,
         pos0: usize,
         caches: &mut [Option<B::KvCache>],
         pli: Option<&B::Tensor>,
-    ) -> Result<Resid<B>, ModelError> {
+    ) -> Result<Resid<'w, B>, ModelError> {
         let be = &*self.backend;
         let ls = &self.spec.layers[i];
         let w = &self.weights.layers[i];
@@ -160,20 +192,28 @@ impl<B: Backend> GemmaModel<B> {
         let cache = caches[src]
             .as_ref()
             .ok_or_else(|| ModelError::Other(format!("layer {src} has no cache")))?;
-        let y = self.attn_branch(i, &q, cache, pos0, ls.n_kv_heads)?;
-        let (x, h) = be
-            .add_rms_norm(
-                &x,
-                &y,
-                self.norm(&w.ffn_norm),
-                self.spec.eps,
-                self.spec.hidden,
-            )
-            .map_err(me)?;
-        let y = self.ffn_branch(i, &x, &h)?;
-        if w.ple.is_none() && w.scalar.is_none() {
-            return Ok(Resid { x, y: Some(y) });
+        let o = self.attn_out(i, &q, cache, pos0, ls.n_kv_heads)?;
+        let attn = Pending {
+            y: o,
+            post: Some(&w.post_attn_norm),
+            scale: None,
+        };
+        let (x, h) = self.norm_resid(Resid { x, y: Some(attn) }, &w.ffn_norm)?;
+        let (f, post) = self.ffn_out(i, &x, &h)?;
+        if w.ple.is_none() {
+            return Ok(Resid {
+                x,
+                y: Some(Pending {
+                    y: f,
+                    post,
+                    scale: w.scalar,
+                }),
+            });
         }
+        let y = match post {
+            Some(p) => self.rms(&f, p)?,
+            None => f,
+        };
         let x = be.add(&x, &y).map_err(me)?;
         Ok(Resid {
             x: self.ffn_tail(i, x, pli)?,
@@ -193,21 +233,16 @@ impl<B: Backend> GemmaModel<B> {
     ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
         let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
-        let (Some(wk), Some(kn)) = (&w.k, &w.k_norm) else {
+        let (q, k, v) = w.qkv.forward(be, h)?;
+        let (Some(k), Some(kn)) = (k, &w.k_norm) else {
             return Err(ModelError::Other(format!("layer {i} has no K projection")));
         };
         if ls.rope.head_dim != ls.head_dim {
             // not the shape attn_prep takes: the ops one by one
-            let q = self.query(i, h, pos0)?;
-            self.write_kv(i, h, pos0, cache)?;
+            let q = self.rope_query(i, &q, pos0)?;
+            self.write_kv(i, &k, v.as_ref(), pos0, cache)?;
             return Ok(q);
         }
-        let q = be.linear(h, &w.q).map_err(me)?;
-        let k = be.linear(h, wk).map_err(me)?;
-        let v = match &w.v {
-            Some(wv) => Some(be.linear(h, wv).map_err(me)?),
-            None => None,
-        };
         let p = AttnPrep {
             n_heads: self.spec.n_heads,
             n_kv_heads: ls.n_kv_heads,
@@ -224,43 +259,46 @@ impl<B: Backend> GemmaModel<B> {
 
     /// `rope(q_norm(Wq h))` for rows at positions `pos0..`.
     pub fn query(&self, i: usize, h: &B::Tensor, pos0: usize) -> Result<B::Tensor, ModelError> {
+        let (q, _, _) = self.weights.layers[i].qkv.forward(&*self.backend, h)?;
+        self.rope_query(i, &q, pos0)
+    }
+
+    /// `rope(q_norm(q))` of the q projection for rows at positions `pos0..`.
+    fn rope_query(&self, i: usize, q: &B::Tensor, pos0: usize) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
         let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
-        let q = be.linear(h, &w.q).map_err(me)?;
         let q = be
-            .rms_norm(&q, self.norm(&w.q_norm), self.spec.eps, ls.head_dim)
+            .rms_norm(q, self.norm(&w.q_norm), self.spec.eps, ls.head_dim)
             .map_err(me)?;
         be.rope(&q, self.spec.n_heads, pos0, &ls.rope).map_err(me)
     }
 
-    /// Compute this layer's K and V for `h` and write them at `pos0..`.
+    /// Norm, rotate and write this layer's K and V projections at `pos0..` (`v` None on K=V
+    /// layers: V is the raw K projection, before k_norm and RoPE).
     fn write_kv(
         &self,
         i: usize,
-        h: &B::Tensor,
+        k_raw: &B::Tensor,
+        v: Option<&B::Tensor>,
         pos0: usize,
         cache: &mut B::KvCache,
     ) -> Result<(), ModelError> {
         let be = &*self.backend;
         let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
         let (hd, eps) = (ls.head_dim, self.spec.eps);
-        let (Some(wk), Some(kn)) = (&w.k, &w.k_norm) else {
-            return Err(ModelError::Other(format!("layer {i} has no K projection")));
+        let Some(kn) = &w.k_norm else {
+            return Err(ModelError::Other(format!("layer {i} has no K norm")));
         };
-        let k_raw = be.linear(h, wk).map_err(me)?;
-        let v = match &w.v {
-            Some(wv) => be.linear(h, wv).map_err(me)?,
-            // K=V layers: V is the raw K projection (before k_norm and RoPE).
-            None => be.scale(&k_raw, 1.0).map_err(me)?,
-        };
-        let v = if self.spec.v_norm {
-            be.rms_norm(&v, Norm::None, eps, hd).map_err(me)?
+        let v = v.unwrap_or(k_raw);
+        let vn = if self.spec.v_norm {
+            Some(be.rms_norm(v, Norm::None, eps, hd).map_err(me)?)
         } else {
-            v
+            None
         };
-        let k = be.rms_norm(&k_raw, self.norm(kn), eps, hd).map_err(me)?;
+        let v = vn.as_ref().unwrap_or(v);
+        let k = be.rms_norm(k_raw, self.norm(kn), eps, hd).map_err(me)?;
         let k = be.rope(&k, ls.n_kv_heads, pos0, &ls.rope).map_err(me)?;
-        be.kv_write(cache, pos0, &k, &v).map_err(me)
+        be.kv_write(cache, pos0, &k, v).map_err(me)
     }
 
     /// `x + post_attn_norm(Wo attention(q, cache))`; the queries see the cache up to position
@@ -287,6 +325,19 @@ impl<B: Backend> GemmaModel<B> {
         pos0: usize,
         n_kv_heads: usize,
     ) -> Result<B::Tensor, ModelError> {
+        let o = self.attn_out(i, q, cache, pos0, n_kv_heads)?;
+        self.rms(&o, &self.weights.layers[i].post_attn_norm)
+    }
+
+    /// `Wo attention(q, cache)`, before the post-attention norm.
+    fn attn_out(
+        &self,
+        i: usize,
+        q: &B::Tensor,
+        cache: &B::KvCache,
+        pos0: usize,
+        n_kv_heads: usize,
+    ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
         let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
         let p = AttnParams {
@@ -302,8 +353,7 @@ impl<B: Backend> GemmaModel<B> {
             softcap: None,
         };
         let a = be.attention(q, cache, pos0, &p).map_err(me)?;
-        let o = be.linear(&a, &w.o).map_err(me)?;
-        self.rms(&o, &w.post_attn_norm)
+        be.linear(&a, &w.o).map_err(me)
     }
 
     /// The feed-forward half of layer `i` (+ MoE, + PLE, times the layer scalar).
@@ -322,6 +372,20 @@ impl<B: Backend> GemmaModel<B> {
     /// `post_ffn_norm(mlp(h) [+ MoE])` for the residual `x` and its `ffn_norm` `h`: what the
     /// residual adds after the feed-forward block.
     fn ffn_branch(&self, i: usize, x: &B::Tensor, h: &B::Tensor) -> Result<B::Tensor, ModelError> {
+        match self.ffn_out(i, x, h)? {
+            (f, Some(post)) => self.rms(&f, post),
+            (f, None) => Ok(f),
+        }
+    }
+
+    /// The feed-forward output and the norm it still takes before the residual add: the dense
+    /// MLP's down projection and `post_ffn_norm`, or (MoE layers) the normed sum and None.
+    fn ffn_out(
+        &self,
+        i: usize,
+        x: &B::Tensor,
+        h: &B::Tensor,
+    ) -> Result<(B::Tensor, Option<&B::Tensor>), ModelError> {
         let be = &*self.backend;
         let w: &Layer<B> = &self.weights.layers[i];
         let gu = w.mlp.gate_up.forward(be, h, Activation::GeluTanh)?;
@@ -340,9 +404,9 @@ impl<B: Backend> GemmaModel<B> {
                         self.spec.hidden,
                     )
                     .map_err(me)?;
-                Ok(n)
+                Ok((n, None))
             }
-            None => self.rms(&f, &w.post_ffn_norm),
+            None => Ok((f, Some(&w.post_ffn_norm))),
         }
     }
 
@@ -509,6 +573,12 @@ impl<B: Backend> GemmaSession<B> {
                 at += c.len();
             }
             let h = h.ok_or(ModelError::Empty)?;
+            if m.backend.dims(&h).0 == 1 {
+                // one row is its own last row (and keeps the int8 side-car the final norm
+                // wrote, which the head's GEMV reads)
+                let logits = m.logits_tensor(&h)?;
+                return Ok(vec![logits, h]);
+            }
             let last = m.last_row(&h)?;
             let logits = m.logits_tensor(if all { &h } else { &last })?;
             Ok(vec![logits, last])

@@ -2,8 +2,8 @@
 
 use super::moe::MoeBlock;
 use super::spec::GemmaSpec;
-use super::weights::{ffn_width, global_name, Loader};
-use crate::backend::Backend;
+use super::weights::{ffn_width, global_name, layer_name, me, Loader};
+use crate::backend::{can_concat, Backend};
 use crate::model::common::GateUp;
 use crate::model::ModelError;
 
@@ -32,14 +32,117 @@ pub struct ModelPle<B: Backend> {
     pub proj_norm: B::Tensor,
 }
 
+/// The q, k and v projections of one layer.
+pub enum QkvProj<B: Backend> {
+    /// One weight each; k is absent on KV-shared layers, v on those and on K=V layers.
+    Split {
+        q: B::Weight,
+        k: Option<B::Weight>,
+        v: Option<B::Weight>,
+    },
+    /// `[q | k | v]` (`[q | k]` on K=V layers) in one weight when the parts share a GGML format:
+    /// one GEMV at decode instead of three. The widths of the parts (v = 0: none).
+    Fused {
+        w: B::Weight,
+        q: usize,
+        k: usize,
+        v: usize,
+    },
+}
+
+/// Projections of one layer's input: `(q, k, v)`, k and v None where the layer has none.
+pub type Projected<T> = (T, Option<T>, Option<T>);
+
+impl<B: Backend> QkvProj<B> {
+    /// Load layer `i`'s projections (`nq`, `nkv` output rows; k and v only with `own_kv`, v
+    /// only without `k_eq_v`), fused when [`can_concat`] allows.
+    fn load(
+        ld: &Loader<'_, B>,
+        i: usize,
+        (nq, nkv, h): (usize, usize, usize),
+        own_kv: bool,
+        k_eq_v: bool,
+    ) -> Result<Self, ModelError> {
+        if !own_kv {
+            return Ok(QkvProj::Split {
+                q: ld.layer_matrix(i, "q", nq, h)?,
+                k: None,
+                v: None,
+            });
+        }
+        let keys: &[&str] = if k_eq_v {
+            &["q", "k"]
+        } else {
+            &["q", "k", "v"]
+        };
+        let mut parts = Vec::with_capacity(keys.len());
+        for (j, key) in keys.iter().enumerate() {
+            let t = ld.tensor_ref(&layer_name(&ld.naming, i, key))?;
+            let rows = if j == 0 { nq } else { nkv };
+            if t.shape != [rows, h] {
+                return Err(ModelError::Other(format!(
+                    "tensor {}: shape {:?}, expected {:?}",
+                    t.name,
+                    t.shape,
+                    [rows, h]
+                )));
+            }
+            parts.push(t);
+        }
+        if can_concat(&parts) {
+            let name = parts
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join("+");
+            return Ok(QkvProj::Fused {
+                w: ld.backend.upload_concat(&name, &parts).map_err(me)?,
+                q: nq,
+                k: nkv,
+                v: if k_eq_v { 0 } else { nkv },
+            });
+        }
+        let up = |t: &crate::weights::TensorRef<'_>| {
+            ld.backend
+                .upload(t)
+                .map_err(|e| ModelError::Other(format!("{}: {e}", t.name)))
+        };
+        Ok(QkvProj::Split {
+            q: up(&parts[0])?,
+            k: Some(up(&parts[1])?),
+            v: parts.get(2).map(up).transpose()?,
+        })
+    }
+
+    /// The projections of `h` (`[n, hidden]`).
+    pub fn forward(&self, be: &B, h: &B::Tensor) -> Result<Projected<B::Tensor>, ModelError> {
+        match self {
+            QkvProj::Split { q, k, v } => {
+                let lin = |w: &B::Weight| be.linear(h, w).map_err(me);
+                Ok((
+                    lin(q)?,
+                    k.as_ref().map(lin).transpose()?,
+                    v.as_ref().map(lin).transpose()?,
+                ))
+            }
+            QkvProj::Fused { w, q, k, v } => {
+                let y = be.linear(h, w).map_err(me)?;
+                let part = |at: usize, n: usize| be.slice_cols(&y, at, n).map_err(me);
+                Ok((
+                    part(0, *q)?,
+                    Some(part(*q, *k)?),
+                    if *v > 0 { Some(part(q + k, *v)?) } else { None },
+                ))
+            }
+        }
+    }
+}
+
 pub struct Layer<B: Backend> {
     pub attn_norm: B::Tensor,
-    pub q: B::Weight,
+    pub qkv: QkvProj<B>,
     pub q_norm: B::Tensor,
     /// Absent on KV-shared layers.
-    pub k: Option<B::Weight>,
-    /// Absent on KV-shared layers and K=V layers.
-    pub v: Option<B::Weight>,
     pub k_norm: Option<B::Tensor>,
     pub o: B::Weight,
     pub post_attn_norm: B::Tensor,
@@ -94,16 +197,7 @@ impl<B: Backend> GemmaWeights<B> {
             let (hd, nkv) = (ls.head_dim, ls.n_kv_heads);
             let own_kv = ls.kv_source.is_none();
             let ffn = ffn_width(ld.ckpt, spec, i)?;
-            let k = if own_kv {
-                Some(ld.layer_matrix(i, "k", nkv * hd, h)?)
-            } else {
-                None
-            };
-            let v = if own_kv && !ls.k_eq_v {
-                Some(ld.layer_matrix(i, "v", nkv * hd, h)?)
-            } else {
-                None
-            };
+            let qkv = QkvProj::load(ld, i, (spec.n_heads * hd, nkv * hd, h), own_kv, ls.k_eq_v)?;
             let k_norm = if own_kv {
                 Some(ld.layer_vector(i, "k_norm", hd)?)
             } else {
@@ -134,10 +228,8 @@ impl<B: Backend> GemmaWeights<B> {
             };
             layers.push(Layer {
                 attn_norm: ld.layer_vector(i, "attn_norm", h)?,
-                q: ld.layer_matrix(i, "q", spec.n_heads * hd, h)?,
+                qkv,
                 q_norm: ld.layer_vector(i, "q_norm", hd)?,
-                k,
-                v,
                 k_norm,
                 o: ld.layer_matrix(i, "o", h, spec.n_heads * hd)?,
                 post_attn_norm: ld.layer_vector(i, "post_attn_norm", h)?,

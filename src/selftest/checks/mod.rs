@@ -17,6 +17,7 @@ mod kv_write;
 mod l2_norm;
 pub(super) mod moe;
 mod moe_grouped;
+mod norm_add_rmsnorm;
 mod penalties;
 mod read_bw;
 mod rmsnorm;
@@ -57,6 +58,7 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &moe_grouped::MoeGemmCheck,
         &add_rmsnorm::AddRmsNormCheck,
         &attn_prep::AttnPrepCheck,
+        &norm_add_rmsnorm::NormAddRmsNormCheck,
     ]
 }
 

@@ -1,17 +1,21 @@
 //! The fused decode ops of the CUDA backend: `add_rms_norm` (residual add + the next RMSNorm,
-//! one launch, with the int8 side-car of a one-row output) and `attn_prep` (per-head q/k/v
-//! norms, RoPE, K/V into the cache: one launch instead of up to six). Both read and write
+//! one launch, with the int8 side-car of a one-row output), `norm_add_rms_norm` (the same with
+//! Gemma's post-norm of the added branch and the layer scalar on the sum) and `attn_prep`
+//! (per-head q/k/v norms, RoPE, K/V into the cache: one launch instead of up to six). All read
+//! and write
 //! only pooled or cache memory and take positions from the step buffer, so they sit in a
 //! recorded decode step like the ops they replace. With many rows (prefill) `attn_prep` takes
 //! the kernel's multi-row entry (one warp per (row, head)), whose bytes equal the decode form's.
 
 use super::super::kv::{kv_layout, kv_quant, KV_SCALE};
-use super::super::launch_fused::{AttnPrepBufs, AttnPrepLaunch, ATTN_PREP_MAX_HEAD_DIM};
+use super::super::launch_fused::{
+    AttnPrepBufs, AttnPrepLaunch, NormAddWeights, ATTN_PREP_MAX_HEAD_DIM,
+};
 use super::super::launch_prefill::{attn_prep_rows_suffix, PREFILL_MIN_ROWS};
 use super::super::launch_ptr::NormWeightPtr;
 use super::super::types::{Bf16Side, GpuKvCache, GpuTensor, Q8Side};
 use super::CudaBackend;
-use crate::backend::{attn_prep_composed, AttnPrep, BackendError, Norm, Result};
+use crate::backend::{attn_prep_composed, AttnPrep, BackendError, Norm, PostNorm, Result};
 use crate::kernels::{BatchBucket, Op, Quant};
 
 fn shape(op: &'static str, detail: String) -> BackendError {
@@ -94,6 +98,69 @@ impl CudaBackend {
             y.ptr(),
             s.ptr(),
             wp,
+            n.ptr(),
+            eps,
+            dim,
+            q8.as_ref().map(Q8Side::ptrs),
+        )?;
+        Ok((s, n.with_q8(q8)))
+    }
+
+    /// `s = (h + rms_norm(y, post.norm)) * post.scale` and `rms_norm(s, w)` in one launch
+    /// (`add_rms_norm` when `post` does nothing).
+    pub(super) fn norm_add_rms_norm_impl(
+        &self,
+        h: &GpuTensor,
+        y: &GpuTensor,
+        post: &PostNorm<'_, GpuTensor>,
+        w: Norm<'_, GpuTensor>,
+        eps: f32,
+        dim: usize,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        const OP: &str = "norm_add_rms_norm";
+        if post.norm.is_none() && post.scale.is_none() {
+            return self.add_rms_norm_impl(h, y, w, eps, dim);
+        }
+        if h.rows != y.rows || h.cols != y.cols {
+            return Err(shape(
+                OP,
+                format!("[{}, {}] vs [{}, {}]", h.rows, h.cols, y.rows, y.cols),
+            ));
+        }
+        if dim == 0 || h.cols % dim != 0 {
+            return Err(shape(OP, format!("{} columns in groups of {dim}", h.cols)));
+        }
+        let scale = post.scale.unwrap_or(1.0);
+        if !scale.is_finite() {
+            return Err(shape(OP, format!("scale {scale} is not finite")));
+        }
+        let weights = NormAddWeights {
+            post: post
+                .norm
+                .as_ref()
+                .map(|n| norm_ptr(OP, n, dim))
+                .transpose()?,
+            norm: norm_ptr(OP, &w, dim)?,
+        };
+        let s = self.alloc_tensor(h.rows, h.cols)?;
+        let n = self.alloc_tensor(h.rows, h.cols)?;
+        if h.is_empty() {
+            return Ok((s, n));
+        }
+        // a whole-row norm of one row feeds a GEMV: write its int8 side-car too
+        let q8 = if dim == h.cols {
+            self.q8_side(h.rows, h.cols)?
+        } else {
+            None
+        };
+        let k = self.kern(Op::NormAddRmsNorm, Quant::F32, BatchBucket::Any)?;
+        self.dev.norm_add_rms_norm_ptr(
+            &k,
+            h.ptr(),
+            y.ptr(),
+            s.ptr(),
+            weights,
+            scale,
             n.ptr(),
             eps,
             dim,

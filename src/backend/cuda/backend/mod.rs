@@ -29,7 +29,7 @@ use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
 use super::CudaDevice;
 use crate::backend::cuda::CudaSamplerState;
 use crate::backend::{
-    Activation, AttnParams, AttnPrep, Backend, BackendError, KvShape, MoeParams, Norm,
+    Activation, AttnParams, AttnPrep, Backend, BackendError, KvShape, MoeParams, Norm, PostNorm,
     RecordedStep, Result, Rope,
 };
 use crate::kernels::{BatchBucket, Op, Quant};
@@ -362,6 +362,18 @@ impl Backend for CudaBackend {
         dim: usize,
     ) -> Result<(GpuTensor, GpuTensor)> {
         self.add_rms_norm_impl(h, y, w, eps, dim)
+    }
+
+    fn norm_add_rms_norm(
+        &self,
+        h: &GpuTensor,
+        y: &GpuTensor,
+        post: &PostNorm<'_, GpuTensor>,
+        w: Norm<'_, GpuTensor>,
+        eps: f32,
+        dim: usize,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.norm_add_rms_norm_impl(h, y, post, w, eps, dim)
     }
 
     fn attn_prep(
