@@ -110,6 +110,13 @@ key_enum! {
         AddRmsNorm => "add_rmsnorm",
         /// Attention input: per-head q/k norms, RoPE, K/V into the paged cache, one launch.
         AttnPrep => "attn_prep",
+        /// MoE decode: the router GEMV and the routing (softmax, top-k) in one launch (the block
+        /// of a token that finishes last routes it).
+        MoeRouter => "moe_router",
+        /// MoE decode: gate and up GEMVs of the routed experts, the GLU and its int8 side-car.
+        MoeGateUp => "moe_gate_up",
+        /// MoE decode: down GEMVs of the routed experts summed with their routing weights.
+        MoeDown => "moe_down",
     }
 }
 

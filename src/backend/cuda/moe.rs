@@ -184,7 +184,7 @@ pub fn moe_dims(
 }
 
 /// A bank's bytes as one pointer (all experts), checked against its shape.
-fn bank(
+pub(super) fn bank(
     w: &GpuWeight,
     dims_rows: usize,
     dims_cols: usize,
@@ -207,7 +207,7 @@ fn bank(
 }
 
 /// Pooled scratch typed as `T` (exactly `len` values).
-fn scratch<T>(pool: &Arc<Pool>, len: usize) -> Result<(DevBuf, DevPtr<T>), CudaError> {
+pub(super) fn scratch<T>(pool: &Arc<Pool>, len: usize) -> Result<(DevBuf, DevPtr<T>), CudaError> {
     let buf = pool.alloc(len * std::mem::size_of::<T>())?;
     let p = buf
         .ptr::<T>()
