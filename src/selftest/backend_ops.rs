@@ -116,6 +116,7 @@ pub fn run(dev: std::sync::Arc<CudaDevice>, seed: u64) -> R<Vec<OpRow>> {
     super::backend_fused::side_car_cases(&mut cx);
     super::backend_fused::add_rms_norm_cases(&mut cx);
     super::backend_fused::attn_prep_cases(&mut cx);
+    super::backend_moe::moe_fused_cases(&mut cx);
     Ok(cx.rows)
 }
 

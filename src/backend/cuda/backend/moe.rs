@@ -21,7 +21,7 @@ impl CudaBackend {
     /// apply: no side-car on `x` (more than one row, or a producer that writes none), formats
     /// or shapes it does not take (the composed ops then run, and report shape errors), an
     /// instance missing for this device, or the path turned off.
-    pub(super) fn moe_routed_fused(
+    pub fn moe_routed_fused(
         &self,
         x: &GpuTensor,
         router: &GpuWeight,
