@@ -133,7 +133,7 @@ pub struct MoeGateUpArgs {
 /// Validate a `moe_gate_up` launch of bank format `q`; returns the bytes of one expert matrix.
 pub fn check_gate_up(q: Quant, a: &MoeGateUpArgs) -> Result<usize, CudaError> {
     const OP: &str = "moe_gate_up";
-    if !weight_block(q).is_some_and(|(be, _)| be > 1) {
+    if weight_block(q).is_none_or(|(be, _)| be <= 1) {
         return Err(invalid(OP, format!("{q} is not a block format")));
     }
     let eb = expert_bytes(OP, q, a.ff, a.k)?;
@@ -210,7 +210,7 @@ pub struct MoeDownArgs {
 /// returns the bytes of one expert matrix.
 pub fn check_down(q: Quant, max_top_k: usize, a: &MoeDownArgs) -> Result<usize, CudaError> {
     const OP: &str = "moe_down";
-    if !weight_block(q).is_some_and(|(be, _)| be > 1) {
+    if weight_block(q).is_none_or(|(be, _)| be <= 1) {
         return Err(invalid(OP, format!("{q} is not a block format")));
     }
     let eb = expert_bytes(OP, q, a.out, a.ff)?;

@@ -5,10 +5,11 @@
 
 use super::super::launch_linear::weight_block;
 use super::super::moe::moe_dims;
-use super::super::moe_decode::{decode_quants, MoeDecodeIn, MOE_DECODE_MAX_TOKENS};
+use super::super::moe_decode::{decode_quants, MoeDecodeIn, MoeDecodeKerns, MOE_DECODE_MAX_TOKENS};
 use super::super::types::{GpuTensor, GpuWeight};
 use super::CudaBackend;
 use crate::backend::{BackendError, MoeParams, Result};
+use crate::kernels::{BatchBucket, Op, Quant};
 
 /// Whether the fused decode MoE path is on (`FUCINA_MOE_FUSED=0` turns it off).
 pub fn moe_fused_enabled() -> bool {
@@ -67,8 +68,18 @@ impl CudaBackend {
         if !router_ok || d.ff % 32 != 0 {
             return Ok(None);
         }
-        let Ok(kerns) = self.dev.moe_decode_kerns(q) else {
-            return Ok(None);
+        let kern = |op: Op, q: Quant| self.kern(op, q, BatchBucket::Any);
+        let kerns = match (
+            kern(Op::MoeRouter, q[0]),
+            kern(Op::MoeGateUp, q[1]),
+            kern(Op::MoeDown, q[2]),
+        ) {
+            (Ok(router), Ok(gate_up), Ok(down)) => MoeDecodeKerns {
+                router,
+                gate_up,
+                down,
+            },
+            _ => return Ok(None),
         };
         let counters = self
             .moe_counters
