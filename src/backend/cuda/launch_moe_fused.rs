@@ -266,6 +266,39 @@ fn param(spec: &KernelSpec, name: &str, default: u32) -> u32 {
     spec.param_u32(name).unwrap_or(default)
 }
 
+/// Bytes of one chunk buffer of `lib/moe_dot` for bank format `q` (its `MD_SBYTES`: `MD_CB`
+/// blocks of ~1.1 KB, rounded to 16-byte copies with one more for misalignment, + 16 bytes of
+/// slack); None for formats without the fused kernels. The kernels trap when given less.
+pub fn stage_bytes(q: Quant) -> Option<usize> {
+    let (cb, bb) = match q {
+        Quant::Q4_0 => (64, 18),
+        Quant::Q5_0 => (48, 22),
+        Quant::Q8_0 => (32, 34),
+        Quant::Q4K => (8, 144),
+        Quant::Q6K => (5, 210),
+        _ => return None,
+    };
+    Some(((cb * bb + 15) / 16 + 1) * 16 + 16)
+}
+
+/// The dynamic shared memory of a `moe_gate_up` / `moe_down` launch of `k` (warps x stages
+/// chunk buffers), raised on its function when past the default 48 KiB.
+fn stage_smem(k: &Kern, op: &'static str, warps: u32, stages: u32) -> Result<u32, CudaError> {
+    let q = k.spec.key.quant;
+    let sb = stage_bytes(q).ok_or_else(|| invalid(op, format!("no stage size for {q}")))?;
+    let smem = u32::try_from(warps as usize * stages as usize * sb)
+        .map_err(|_| invalid(op, "shared memory size overflows".into()))?;
+    k.f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(super::error::drv(format!(
+        "raising {}'s dynamic shared memory to {smem} bytes",
+        k.spec.name
+    )))?;
+    Ok(smem)
+}
+
 impl CudaDevice {
     /// The router GEMV and the routing of `a.n` tokens in one launch (`moe_router`).
     pub fn moe_router(&self, k: &Kern, a: &MoeRouterArgs) -> Result<(), CudaError> {
@@ -313,10 +346,11 @@ impl CudaDevice {
         expect(k, &[Op::MoeGateUp], OP)?;
         let eb = check_gate_up(k.spec.key.quant, a)? as i64;
         let warps = param(k.spec, "warps", 16);
+        let smem = stage_smem(k, OP, warps, param(k.spec, "stages", 4))?;
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, a.ff / GATE_UP_ROWS)?, a.pairs as u32, 1),
             block_dim: (warps * 32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         };
         let ptrs = [
             a.gate.raw(),
@@ -338,7 +372,8 @@ impl CudaDevice {
         ];
         // (const u8* wg, const u8* wu, long long expert_bytes, int n_experts, const int* ids,
         //  const i8* xq, const float2* xds, int k, int ff, int x_div, int act, float* h, i8* hq,
-        //  float2* hds), `warps` * 32 threads, grid (ff / 32, pairs); banks, side-cars, ids and
+        //  float2* hds), `warps` * 32 threads, grid (ff / 32, pairs), warps * stages chunk
+        //  buffers of dynamic shared memory (the kernel traps on less); banks, side-cars, ids and
         // outputs checked above; expert ids out of range are caught by the kernel.
         self.go(
             k,
@@ -358,10 +393,11 @@ impl CudaDevice {
         let eb = check_down(k.spec.key.quant, max_k, a)? as i64;
         let warps = param(k.spec, "warps", 8);
         let rows = param(k.spec, "rows", 8).max(1) as usize;
+        let smem = stage_smem(k, OP, warps, param(k.spec, "stages", 8))?;
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, a.out.div_ceil(rows))?, a.n as u32, 1),
             block_dim: (warps * 32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         };
         let ptrs = [
             a.down.raw(),
@@ -379,7 +415,8 @@ impl CudaDevice {
         let y = a.y.raw();
         // (const u8* wd, long long expert_bytes, int n_experts, const int* ids, const float* wts,
         //  int top_k, const i8* hq, const float2* hds, int ff, int out, float* y), `warps` * 32
-        // threads, grid (ceil(out / rows), n); sizes checked above, top_k <= the instance's
+        // threads, grid (ceil(out / rows), n), warps * stages chunk buffers of dynamic shared
+        // memory (the kernel traps on less); sizes checked above, top_k <= the instance's
         // max_top_k; expert ids out of range are caught by the kernel.
         self.go(
             k,
@@ -470,6 +507,34 @@ mod tests {
         )
         .is_err());
         assert!(check_router(Quant::Q8_0, &MoeRouterArgs { k: 2040, ..q8 }).is_err());
+    }
+
+    /// The chunk buffer size the launcher reserves is the kernels' own `MD_SBYTES` (from the
+    /// rendered source of every fused gate/up and down instance), and the dynamic shared memory
+    /// of the manifest's warps x stages stays within what every target arch grants a block.
+    #[test]
+    fn stage_bytes_match_the_kernels() {
+        let mut seen = 0;
+        for spec in crate::kernels::KERNELS {
+            if !matches!(spec.key.op, Op::MoeGateUp | Op::MoeDown) {
+                continue;
+            }
+            let line = spec
+                .source
+                .lines()
+                .find_map(|l| l.strip_prefix("#define MD_SBYTES "))
+                .unwrap_or_else(|| panic!("{}: no MD_SBYTES", spec.name));
+            let n: usize = line.split_whitespace().next().unwrap().parse().unwrap();
+            assert_eq!(stage_bytes(spec.key.quant), Some(n), "{}", spec.name);
+            let (w, st) = (
+                spec.param_u32("warps").unwrap() as usize,
+                spec.param_u32("stages").unwrap() as usize,
+            );
+            // sm_120 / sm_121: 99 KiB per block
+            assert!(w * st * n <= 99 * 1024, "{}", spec.name);
+            seen += 1;
+        }
+        assert!(seen >= 10, "{seen} fused instances");
     }
 
     fn gate_up() -> MoeGateUpArgs {
