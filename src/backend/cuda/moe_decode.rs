@@ -30,7 +30,7 @@ use super::moe::{bank, moe_dims, scratch};
 use super::types::{GpuWeight, Q8Ptrs};
 use super::CudaDevice;
 use crate::backend::MoeParams;
-use crate::kernels::{Op, Quant};
+use crate::kernels::Quant;
 
 /// Most tokens one fused call routes (the arrival counters a caller keeps).
 pub const MOE_DECODE_MAX_TOKENS: usize = 8;
@@ -82,17 +82,6 @@ pub fn decode_quants(router: Quant, gate: Quant, up: Quant, down: Quant) -> Opti
 }
 
 impl CudaDevice {
-    /// The kernels of the fused path for `[router, gate/up, down]` formats (from
-    /// [`decode_quants`]), loaded (an error when an instance is missing for this device).
-    pub fn moe_decode_kerns(&self, q: [Quant; 3]) -> Result<MoeDecodeKerns, CudaError> {
-        use crate::kernels::BatchBucket::Any;
-        Ok(MoeDecodeKerns {
-            router: self.kern(Op::MoeRouter, q[0], Any)?,
-            gate_up: self.kern(Op::MoeGateUp, q[1], Any)?,
-            down: self.kern(Op::MoeDown, q[2], Any)?,
-        })
-    }
-
     /// `sum_k p_k * down_k(act(gate_k x) * up_k x)` over the top-k experts of
     /// `softmax(x @ router^T)` for `a.n` tokens, in three launches; returns `[n, out]` f32 from
     /// `pool`.
