@@ -270,7 +270,7 @@ fn param(spec: &KernelSpec, name: &str, default: u32) -> u32 {
 /// blocks of ~1.1 KB, rounded to 16-byte copies with one more for misalignment, + 16 bytes of
 /// slack); None for formats without the fused kernels. The kernels trap when given less.
 pub fn stage_bytes(q: Quant) -> Option<usize> {
-    let (cb, bb) = match q {
+    let (cb, bb): (usize, usize) = match q {
         Quant::Q4_0 => (64, 18),
         Quant::Q5_0 => (48, 22),
         Quant::Q8_0 => (32, 34),
@@ -278,7 +278,7 @@ pub fn stage_bytes(q: Quant) -> Option<usize> {
         Quant::Q6K => (5, 210),
         _ => return None,
     };
-    Some(((cb * bb + 15) / 16 + 1) * 16 + 16)
+    Some(((cb * bb).div_ceil(16) + 1) * 16 + 16)
 }
 
 /// The dynamic shared memory of a `moe_gate_up` / `moe_down` launch of `k` (warps x stages
