@@ -113,6 +113,13 @@ key_enum! {
         /// Gemma's sandwich residual: RMSNorm of the branch output, residual add, optional
         /// layer scalar, the next RMSNorm (+ the int8 side-car of one row), one launch.
         NormAddRmsNorm => "norm_add_rmsnorm",
+        /// MoE decode: the router GEMV and the routing (softmax, top-k) in one launch (the block
+        /// of a token that finishes last routes it).
+        MoeRouter => "moe_router",
+        /// MoE decode: gate and up GEMVs of the routed experts, the GLU and its int8 side-car.
+        MoeGateUp => "moe_gate_up",
+        /// MoE decode: down GEMVs of the routed experts summed with their routing weights.
+        MoeDown => "moe_down",
     }
 }
 

@@ -34,6 +34,19 @@ const GGUF_FORMATS: &[Quant] = &[
     Quant::Q6K,
 ];
 
+/// GGUF block formats the fused MoE decode kernels read (int8 activations from a side-car).
+const MOE_BLOCK_FORMATS: &[Quant] = &[
+    Quant::Q8_0,
+    Quant::Q4_0,
+    Quant::Q5_0,
+    Quant::Q4K,
+    Quant::Q6K,
+];
+
+/// Router weight formats of the fused MoE router (F32 in GGUF files, F16/BF16 elsewhere; Q8_0
+/// dots the input's int8 side-car).
+const MOE_ROUTER_FORMATS: &[Quant] = &[Quant::F32, Quant::F16, Quant::Bf16, Quant::Q8_0];
+
 /// `Ok(())` if `key` is a legal instance, else why not.
 pub fn check_legal(key: &KernelKey) -> Result<(), String> {
     let any_hd = |k: &KernelKey| {
@@ -105,6 +118,18 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             // the pair count (tokens x top-k) is a run-time value; float formats dot f32
             // activations, block formats int8 ones, as the dense gemv
             quant_in(key, GGUF_FORMATS)?;
+            any_hd(key)?;
+            any_bs(key)
+        }
+        Op::MoeRouter => {
+            // the token count is a run-time value (grid y)
+            quant_in(key, MOE_ROUTER_FORMATS)?;
+            any_hd(key)?;
+            any_bs(key)
+        }
+        Op::MoeGateUp | Op::MoeDown => {
+            // block formats only: both read int8 activations (side-cars), as the dp4a GEMV
+            quant_in(key, MOE_BLOCK_FORMATS)?;
             any_hd(key)?;
             any_bs(key)
         }
@@ -301,6 +326,41 @@ mod tests {
             ..g
         })
         .is_err());
+        // fused MoE decode: the router takes float formats and Q8_0, gate/up and down the
+        // GGUF block formats
+        let fr = KernelKey {
+            op: Op::MoeRouter,
+            ..k
+        };
+        assert!(check_legal(&fr).is_ok());
+        assert!(check_legal(&KernelKey {
+            quant: Quant::Q8_0,
+            ..fr
+        })
+        .is_ok());
+        assert!(check_legal(&KernelKey {
+            quant: Quant::Q4K,
+            ..fr
+        })
+        .is_err());
+        for op in [Op::MoeGateUp, Op::MoeDown] {
+            let f = KernelKey {
+                op,
+                quant: Quant::Q6K,
+                ..k
+            };
+            assert!(check_legal(&f).is_ok());
+            assert!(check_legal(&KernelKey {
+                quant: Quant::F32,
+                ..f
+            })
+            .is_err());
+            assert!(check_legal(&KernelKey {
+                batch: BatchBucket::B1,
+                ..f
+            })
+            .is_err());
+        }
         // grouped MoE prefill: the grouping is f32-keyed, the GEMM takes its four block formats
         let grp = KernelKey {
             op: Op::MoeGroup,

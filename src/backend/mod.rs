@@ -436,6 +436,22 @@ pub trait Backend: Send + Sync + 'static {
         down: &Self::Weight,
         p: &MoeParams,
     ) -> Result<Self::Tensor>;
+    /// A MoE block's routed experts from its input: the router logits `x @ router^T`
+    /// (`router` `[n_experts, in]`), then [`Backend::moe`]. Default: `linear`, then `moe`; a
+    /// backend may route and run the experts in fewer launches (the CUDA backend's one-row
+    /// decode path: router GEMV + top-k, gate/up + GLU, down + weighted sum).
+    fn moe_routed(
+        &self,
+        x: &Self::Tensor,
+        router: &Self::Weight,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        down: &Self::Weight,
+        p: &MoeParams,
+    ) -> Result<Self::Tensor> {
+        let logits = self.linear(x, router)?;
+        self.moe(x, &logits, gate, up, down, p)
+    }
 
     // ---- Gated DeltaNet (Qwen3.5 linear attention) ----
     /// Depthwise causal conv1d (kernel k) over columns, followed by SiLU. `state` holds the last

@@ -222,3 +222,55 @@ fn attn_prep_default_is_the_composition() {
     let bad_v = t(&be, 3, 1, hkv * hd - 1);
     assert!(be.attn_prep(&q, &k, &bad_v, &mut c, 0, &p).is_err());
 }
+
+fn r<'a>(
+    ty: crate::quant::GgmlType,
+    shape: Vec<usize>,
+    data: &'a [u8],
+) -> crate::weights::TensorRef<'a> {
+    crate::weights::TensorRef {
+        name: "w".into(),
+        shape,
+        format: crate::weights::TensorFormat::Ggml(ty),
+        data,
+        scales: crate::weights::Scales::default(),
+    }
+}
+
+/// `moe_routed`'s default is the router `linear`, then `moe`, bit for bit.
+#[test]
+fn moe_routed_default_is_linear_then_moe() {
+    use super::{Activation, MoeParams};
+    use crate::ops::qdot::random_weights;
+    use crate::quant::GgmlType;
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let (e, h, f) = (8usize, 64usize, 32usize);
+    let rw = random_weights(GgmlType::F32, e, h, &mut rng).unwrap();
+    let gw = random_weights(GgmlType::Q8_0, e * f, h, &mut rng).unwrap();
+    let uw = random_weights(GgmlType::Q8_0, e * f, h, &mut rng).unwrap();
+    let dw = random_weights(GgmlType::Q4_0, e * h, f, &mut rng).unwrap();
+    let p = MoeParams {
+        n_experts: e,
+        top_k: 2,
+        norm_topk: true,
+        act: Activation::Silu,
+    };
+    for be in [CpuBackend::new(), CpuBackend::int8()] {
+        let router = be.upload(&r(GgmlType::F32, vec![e, h], &rw)).unwrap();
+        let gate = be.upload(&r(GgmlType::Q8_0, vec![e, f, h], &gw)).unwrap();
+        let up = be.upload(&r(GgmlType::Q8_0, vec![e, f, h], &uw)).unwrap();
+        let down = be.upload(&r(GgmlType::Q4_0, vec![e, h, f], &dw)).unwrap();
+        let x = t(&be, 7, 3, h);
+        let y = be.moe_routed(&x, &router, &gate, &up, &down, &p).unwrap();
+        let l = be.linear(&x, &router).unwrap();
+        let y2 = be.moe(&x, &l, &gate, &up, &down, &p).unwrap();
+        assert_eq!((y.rows, y.cols), (3, h));
+        assert_eq!(y.data, y2.data);
+        // a router of the wrong width is an error, not a panic
+        let bad = be
+            .upload(&r(GgmlType::F32, vec![e, h / 2], &rw[..e * h * 2]))
+            .unwrap();
+        assert!(be.moe_routed(&x, &bad, &gate, &up, &down, &p).is_err());
+    }
+}

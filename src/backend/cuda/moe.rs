@@ -11,6 +11,10 @@
 //! 4. `quantize_q8` of h and `moe_gemv` over the down bank into `d` `[n*k, out]`;
 //! 5. `moe_combine`: `out[t] = sum_j w[t][j] * d[t*k + j]`.
 //!
+//! A decode step whose MoE input carries an int8 side-car takes the fused path instead
+//! (`moe_decode.rs`, through `Backend::moe_routed`: the router GEMV and steps 1-5 in three
+//! launches).
+//!
 //! Prefill from [`PREFILL_GEMM_MIN_TOKENS`] tokens runs on tensor cores when the banks allow it:
 //! grouped on the device, one GEMM launch per projection over all experts (`moe_grouped.rs`,
 //! formats [`GROUPED_FORMATS`](super::moe_grouped::GROUPED_FORMATS)), else by expert with the
@@ -184,7 +188,7 @@ pub fn moe_dims(
 }
 
 /// A bank's bytes as one pointer (all experts), checked against its shape.
-fn bank(
+pub(super) fn bank(
     w: &GpuWeight,
     dims_rows: usize,
     dims_cols: usize,
@@ -207,7 +211,7 @@ fn bank(
 }
 
 /// Pooled scratch typed as `T` (exactly `len` values).
-fn scratch<T>(pool: &Arc<Pool>, len: usize) -> Result<(DevBuf, DevPtr<T>), CudaError> {
+pub(super) fn scratch<T>(pool: &Arc<Pool>, len: usize) -> Result<(DevBuf, DevPtr<T>), CudaError> {
     let buf = pool.alloc(len * std::mem::size_of::<T>())?;
     let p = buf
         .ptr::<T>()

@@ -158,8 +158,14 @@ pub struct MoeBlock<B: Backend> {
 
 impl<B: Backend> MoeBlock<B> {
     pub fn forward(&self, be: &B, x: &B::Tensor) -> R<B::Tensor> {
-        let logits = bk!(be.linear(x, &self.router))?;
-        let routed = bk!(be.moe(x, &logits, &self.gate, &self.up, &self.down, &self.params))?;
+        let routed = bk!(be.moe_routed(
+            x,
+            &self.router,
+            &self.gate,
+            &self.up,
+            &self.down,
+            &self.params
+        ))?;
         match &self.shared {
             None => Ok(routed),
             Some((mlp, gate_w)) => {

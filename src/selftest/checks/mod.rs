@@ -16,6 +16,7 @@ mod glu;
 mod kv_write;
 mod l2_norm;
 pub(super) mod moe;
+mod moe_fused;
 mod moe_grouped;
 mod norm_add_rmsnorm;
 mod penalties;
@@ -54,6 +55,9 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &moe::MoeRouteCheck,
         &moe::MoeGemvCheck,
         &moe::MoeCombineCheck,
+        &moe_fused::MoeRouterCheck,
+        &moe_fused::MoeGateUpCheck,
+        &moe_fused::MoeDownCheck,
         &moe_grouped::MoeGroupCheck,
         &moe_grouped::MoeGemmCheck,
         &add_rmsnorm::AddRmsNormCheck,

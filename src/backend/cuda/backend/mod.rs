@@ -13,6 +13,7 @@ mod elementwise;
 mod fused;
 mod linear;
 mod linear_pipe;
+mod moe;
 mod step;
 mod weights;
 
@@ -58,6 +59,8 @@ pub struct CudaBackend {
     freq: Mutex<HashMap<Vec<u32>, DevBuf>>,
     /// Weight bytes copied to the device so far (for a progress bar).
     progress: Arc<AtomicUsize>,
+    /// The fused MoE router's arrival counters (u32, one per token, zero between launches).
+    moe_counters: DevBuf,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -86,6 +89,8 @@ impl CudaBackend {
     ) -> std::result::Result<CudaBackend, CudaError> {
         let pool = Pool::new(dev.stream().clone());
         let sms = dev.sm_count()?;
+        let moe_counters =
+            pool.upload_persistent(&[0u32; super::moe_decode::MOE_DECODE_MAX_TOKENS])?;
         Ok(CudaBackend {
             dev,
             pool,
@@ -98,6 +103,7 @@ impl CudaBackend {
             step: Mutex::new(StepState::default()),
             freq: Mutex::new(HashMap::new()),
             progress: Arc::new(AtomicUsize::new(0)),
+            moe_counters,
         })
     }
 
@@ -505,6 +511,22 @@ impl Backend for CudaBackend {
             )));
         }
         Ok(GpuTensor::new(buf, x.rows, x.cols))
+    }
+
+    fn moe_routed(
+        &self,
+        x: &GpuTensor,
+        router: &GpuWeight,
+        gate: &GpuWeight,
+        up: &GpuWeight,
+        down: &GpuWeight,
+        p: &MoeParams,
+    ) -> Result<GpuTensor> {
+        if let Some(y) = self.moe_routed_fused(x, router, gate, up, down, p)? {
+            return Ok(y);
+        }
+        let logits = self.linear(x, router)?;
+        self.moe(x, &logits, gate, up, down, p)
     }
 
     fn causal_conv1d_silu(

@@ -1,0 +1,653 @@
+//! Typed launches of the fused MoE decode kernels (`moe_router`, `moe_gate_up`, `moe_down`; the
+//! pipeline they make is in `moe_decode.rs`), on [`DevPtr`] arguments. Every launch is validated
+//! first by a pure host function (unit-tested without a GPU): shapes against buffer lengths,
+//! alignment, values against the kernels' limits; errors, never panics.
+
+use cudarc::driver::LaunchConfig;
+
+use super::buf::DevPtr;
+use super::error::CudaError;
+use super::launch_linear::weight_block;
+use super::launch_moe::{expert_bytes, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
+use super::launch_ptr::{expect, grid, int, invalid, Kern};
+use super::CudaDevice;
+use crate::backend::Activation;
+use crate::kernels::{KernelSpec, Op, Quant};
+
+/// CUDA's limit on `gridDim.y` (tokens of a router / down launch, pairs of a gate/up launch).
+const MAX_GRID_Y: usize = 65_535;
+
+/// Rows of the GLU output per `moe_gate_up` block (one int8 side-car group).
+pub const GATE_UP_ROWS: usize = 32;
+
+/// One `moe_router` launch: the router GEMV of `n` tokens and their routing.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeRouterArgs {
+    /// The router matrix `[e, k]` in the instance's format.
+    pub w: DevPtr<u8>,
+    /// Float formats: the f32 activations `[n, k]`.
+    pub x: DevPtr<f32>,
+    /// Q8_0: the activations' int8 side-car (`n * k` int8, `n * k / 16` floats).
+    pub xq: DevPtr<i8>,
+    pub xds: DevPtr<f32>,
+    /// Out: the router logits `[n, e]`, expert ids and weights `[n, top_k]`.
+    pub logits: DevPtr<f32>,
+    pub ids: DevPtr<i32>,
+    pub wts: DevPtr<f32>,
+    /// One arrival counter per token, zero before the launch (and after it).
+    pub counters: DevPtr<u32>,
+    pub n: usize,
+    pub e: usize,
+    pub k: usize,
+    pub top_k: usize,
+    pub norm: bool,
+}
+
+/// Validate a `moe_router` launch of router format `q`.
+pub fn check_router(q: Quant, a: &MoeRouterArgs) -> Result<(), CudaError> {
+    const OP: &str = "moe_router";
+    let (e, k, n) = (a.e, a.k, a.n);
+    if e == 0 || e > MOE_MAX_EXPERTS || a.top_k == 0 || a.top_k > e || a.top_k > MOE_MAX_TOP_K {
+        return Err(invalid(
+            OP,
+            format!(
+                "{e} experts, top-{} (1..={MOE_MAX_EXPERTS} experts, top-k 1..={MOE_MAX_TOP_K} and <= experts)",
+                a.top_k
+            ),
+        ));
+    }
+    if n == 0 || n > MAX_GRID_Y || k == 0 {
+        return Err(invalid(OP, format!("{n} tokens of {k}")));
+    }
+    let (be, bb) = weight_block(q).ok_or_else(|| invalid(OP, format!("no router for {q}")))?;
+    let float = matches!(q, Quant::F32 | Quant::F16 | Quant::Bf16);
+    if !float && q != Quant::Q8_0 {
+        return Err(invalid(OP, format!("no router for {q}")));
+    }
+    if k % be != 0 || (float && (k * bb) % 16 != 0) {
+        return Err(invalid(
+            OP,
+            format!("{k} inputs per row of {q} (float rows must be whole 16-byte vectors)"),
+        ));
+    }
+    let w_need = (k / be)
+        .checked_mul(bb)
+        .and_then(|r| r.checked_mul(e))
+        .ok_or_else(|| invalid(OP, "router size overflows".into()))?;
+    let nk = n
+        .checked_mul(k)
+        .ok_or_else(|| invalid(OP, "n * k overflows".into()))?;
+    let acts = if float {
+        a.x.len() >= nk && a.x.raw() % 16 == 0 && a.w.raw() % 16 == 0
+    } else {
+        a.xq.len() >= nk && a.xds.len() >= nk / 16 && a.xq.raw() % 16 == 0 && a.w.raw() % 2 == 0
+    };
+    if a.w.len() < w_need
+        || !acts
+        || a.logits.len() < n * e
+        || a.ids.len() < n * a.top_k
+        || a.wts.len() < n * a.top_k
+        || a.counters.len() < n
+    {
+        return Err(invalid(
+            OP,
+            format!(
+                "router {} bytes (need {w_need}), activations (aligned, {nk} values), logits {} / ids {} / wts {} / counters {} for {n} tokens x {e} experts, top-{}",
+                a.w.len(),
+                a.logits.len(),
+                a.ids.len(),
+                a.wts.len(),
+                a.counters.len(),
+                a.top_k
+            ),
+        ));
+    }
+    int(OP, "n * k", nk)?;
+    Ok(())
+}
+
+/// One `moe_gate_up` launch over `pairs` (token, slot) pairs.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeGateUpArgs {
+    /// The gate and up banks `[n_experts, ff, k]` (the instance's format, one shape).
+    pub gate: DevPtr<u8>,
+    pub up: DevPtr<u8>,
+    pub n_experts: usize,
+    /// Expert id per pair.
+    pub ids: DevPtr<i32>,
+    pub pairs: usize,
+    /// Pair `p` reads activation row `p / x_div` (top_k: its token's).
+    pub x_div: usize,
+    /// The activations' int8 side-car (rows of `k`).
+    pub xq: DevPtr<i8>,
+    pub xds: DevPtr<f32>,
+    pub k: usize,
+    pub ff: usize,
+    pub act: Activation,
+    /// Out: the GLU output `[pairs, ff]` (optional: null skips it) and its int8 side-car.
+    pub h: DevPtr<f32>,
+    pub hq: DevPtr<i8>,
+    pub hds: DevPtr<f32>,
+}
+
+/// Validate a `moe_gate_up` launch of bank format `q`; returns the bytes of one expert matrix.
+pub fn check_gate_up(q: Quant, a: &MoeGateUpArgs) -> Result<usize, CudaError> {
+    const OP: &str = "moe_gate_up";
+    if weight_block(q).is_none_or(|(be, _)| be <= 1) {
+        return Err(invalid(OP, format!("{q} is not a block format")));
+    }
+    let eb = expert_bytes(OP, q, a.ff, a.k)?;
+    if a.pairs == 0
+        || a.pairs > MAX_GRID_Y
+        || a.x_div == 0
+        || a.n_experts == 0
+        || a.ff % GATE_UP_ROWS != 0
+    {
+        return Err(invalid(
+            OP,
+            format!(
+                "pairs={} x_div={} experts={} ff={} (ff a multiple of {GATE_UP_ROWS})",
+                a.pairs, a.x_div, a.n_experts, a.ff
+            ),
+        ));
+    }
+    let bank = eb
+        .checked_mul(a.n_experts)
+        .ok_or_else(|| invalid(OP, "bank size overflows".into()))?;
+    let rows = (a.pairs - 1) / a.x_div + 1;
+    let hn = a
+        .pairs
+        .checked_mul(a.ff)
+        .ok_or_else(|| invalid(OP, "pairs * ff overflows".into()))?;
+    let banks_ok = [a.gate, a.up]
+        .iter()
+        .all(|w| w.len() >= bank && w.raw() % 16 == 0);
+    let x_ok = a.xq.len() >= rows * a.k && a.xds.len() >= rows * a.k / 16 && a.xq.raw() % 16 == 0;
+    let h_ok = (a.h.raw() == 0 || a.h.len() >= hn) && a.hq.len() >= hn && a.hds.len() >= hn / 16;
+    if !banks_ok || !x_ok || !h_ok || a.ids.len() < a.pairs {
+        return Err(invalid(
+            OP,
+            format!(
+                "banks {} / {} bytes (need {bank}, 16-byte aligned), side-car of {rows} rows of {} (aligned), h {} / hq {} / hds {} for {} pairs of {}, ids {}",
+                a.gate.len(),
+                a.up.len(),
+                a.k,
+                a.h.len(),
+                a.hq.len(),
+                a.hds.len(),
+                a.pairs,
+                a.ff,
+                a.ids.len()
+            ),
+        ));
+    }
+    int(OP, "pairs * ff", hn)?;
+    int(OP, "rows * k", rows * a.k)?;
+    Ok(eb)
+}
+
+/// One `moe_down` launch: `n` tokens of `top_k` slots.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeDownArgs {
+    /// The down bank `[n_experts, out, ff]` in the instance's format.
+    pub down: DevPtr<u8>,
+    pub n_experts: usize,
+    /// Expert ids and routing weights `[n, top_k]`.
+    pub ids: DevPtr<i32>,
+    pub wts: DevPtr<f32>,
+    pub n: usize,
+    pub top_k: usize,
+    /// The GLU outputs' int8 side-car, one row of `ff` per pair (`moe_gate_up`'s).
+    pub hq: DevPtr<i8>,
+    pub hds: DevPtr<f32>,
+    pub ff: usize,
+    pub out: usize,
+    /// Out: `[n, out]`.
+    pub y: DevPtr<f32>,
+}
+
+/// Validate a `moe_down` launch of bank format `q` on instance `spec` (its `max_top_k`);
+/// returns the bytes of one expert matrix.
+pub fn check_down(q: Quant, max_top_k: usize, a: &MoeDownArgs) -> Result<usize, CudaError> {
+    const OP: &str = "moe_down";
+    if weight_block(q).is_none_or(|(be, _)| be <= 1) {
+        return Err(invalid(OP, format!("{q} is not a block format")));
+    }
+    let eb = expert_bytes(OP, q, a.out, a.ff)?;
+    if a.n == 0 || a.n > MAX_GRID_Y || a.top_k == 0 || a.top_k > max_top_k || a.n_experts == 0 {
+        return Err(invalid(
+            OP,
+            format!(
+                "{} tokens, top-{} (1..={max_top_k}), {} experts",
+                a.n, a.top_k, a.n_experts
+            ),
+        ));
+    }
+    let bank = eb
+        .checked_mul(a.n_experts)
+        .ok_or_else(|| invalid(OP, "bank size overflows".into()))?;
+    let pairs = a.n * a.top_k;
+    let hn = pairs
+        .checked_mul(a.ff)
+        .ok_or_else(|| invalid(OP, "pairs * ff overflows".into()))?;
+    if a.down.len() < bank
+        || a.down.raw() % 16 != 0
+        || a.ids.len() < pairs
+        || a.wts.len() < pairs
+        || a.hq.len() < hn
+        || a.hds.len() < hn / 16
+        || a.hq.raw() % 16 != 0
+        || a.y.len() < a.n * a.out
+    {
+        return Err(invalid(
+            OP,
+            format!(
+                "bank {} bytes (need {bank}, 16-byte aligned), ids {} / wts {} / hq {} / hds {} (aligned) / y {} for {} tokens x top-{} of {} -> {}",
+                a.down.len(),
+                a.ids.len(),
+                a.wts.len(),
+                a.hq.len(),
+                a.hds.len(),
+                a.y.len(),
+                a.n,
+                a.top_k,
+                a.ff,
+                a.out
+            ),
+        ));
+    }
+    int(OP, "pairs * ff", hn)?;
+    int(OP, "n * out", a.n * a.out)?;
+    Ok(eb)
+}
+
+/// A `u32` template param of `spec` (`default` when absent).
+fn param(spec: &KernelSpec, name: &str, default: u32) -> u32 {
+    spec.param_u32(name).unwrap_or(default)
+}
+
+/// Bytes of one chunk buffer of `lib/moe_dot` for bank format `q` (its `MD_SBYTES`: `MD_CB`
+/// blocks of ~1.1 KB, rounded to 16-byte copies with one more for misalignment, + 16 bytes of
+/// slack); None for formats without the fused kernels. The kernels trap when given less.
+pub fn stage_bytes(q: Quant) -> Option<usize> {
+    let (cb, bb): (usize, usize) = match q {
+        Quant::Q4_0 => (64, 18),
+        Quant::Q5_0 => (48, 22),
+        Quant::Q8_0 => (32, 34),
+        Quant::Q4K => (8, 144),
+        Quant::Q6K => (5, 210),
+        _ => return None,
+    };
+    Some(((cb * bb).div_ceil(16) + 1) * 16 + 16)
+}
+
+/// The dynamic shared memory of a `moe_gate_up` / `moe_down` launch of `k` (warps x stages
+/// chunk buffers), raised on its function when past the default 48 KiB.
+fn stage_smem(k: &Kern, op: &'static str, warps: u32, stages: u32) -> Result<u32, CudaError> {
+    let q = k.spec.key.quant;
+    let sb = stage_bytes(q).ok_or_else(|| invalid(op, format!("no stage size for {q}")))?;
+    let smem = u32::try_from(warps as usize * stages as usize * sb)
+        .map_err(|_| invalid(op, "shared memory size overflows".into()))?;
+    k.f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(super::error::drv(format!(
+        "raising {}'s dynamic shared memory to {smem} bytes",
+        k.spec.name
+    )))?;
+    Ok(smem)
+}
+
+impl CudaDevice {
+    /// The router GEMV and the routing of `a.n` tokens in one launch (`moe_router`).
+    pub fn moe_router(&self, k: &Kern, a: &MoeRouterArgs) -> Result<(), CudaError> {
+        const OP: &str = "moe_router";
+        expect(k, &[Op::MoeRouter], OP)?;
+        check_router(k.spec.key.quant, a)?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, a.e)?, a.n as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ptrs = [
+            a.w.raw(),
+            a.x.raw(),
+            a.xq.raw(),
+            a.xds.raw(),
+            a.logits.raw(),
+            a.ids.raw(),
+            a.wts.raw(),
+            a.counters.raw(),
+        ];
+        let ints = [
+            a.e as i32,
+            int(OP, "k", a.k)?,
+            a.top_k as i32,
+            a.norm as i32,
+        ];
+        // (const u8* w, const float* x, const i8* xq, const float2* xds, float* logits, int* ids,
+        //  float* wts, u32* counters, int E, int k, int top_k, int norm), 128 threads, grid
+        // (E, n); every buffer checked to hold what the launch reads and writes, the counters
+        // are zero between launches (each launch's last block resets its token's).
+        self.go(
+            k,
+            cfg,
+            &[
+                &ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &ptrs[4], &ptrs[5], &ptrs[6], &ptrs[7],
+                &ints[0], &ints[1], &ints[2], &ints[3],
+            ],
+        )
+    }
+
+    /// Gate and up GEMVs of the routed experts, their GLU and its int8 side-car (`moe_gate_up`).
+    pub fn moe_gate_up(&self, k: &Kern, a: &MoeGateUpArgs) -> Result<(), CudaError> {
+        const OP: &str = "moe_gate_up";
+        expect(k, &[Op::MoeGateUp], OP)?;
+        let eb = check_gate_up(k.spec.key.quant, a)? as i64;
+        let warps = param(k.spec, "warps", 16);
+        let smem = stage_smem(k, OP, warps, param(k.spec, "stages", 4))?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, a.ff / GATE_UP_ROWS)?, a.pairs as u32, 1),
+            block_dim: (warps * 32, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let ptrs = [
+            a.gate.raw(),
+            a.up.raw(),
+            a.ids.raw(),
+            a.xq.raw(),
+            a.xds.raw(),
+        ];
+        let outs = [a.h.raw(), a.hq.raw(), a.hds.raw()];
+        let ints = [
+            int(OP, "experts", a.n_experts)?,
+            int(OP, "k", a.k)?,
+            int(OP, "ff", a.ff)?,
+            int(OP, "x_div", a.x_div)?,
+            match a.act {
+                Activation::Silu => 0,
+                Activation::GeluTanh => 1,
+            },
+        ];
+        // (const u8* wg, const u8* wu, long long expert_bytes, int n_experts, const int* ids,
+        //  const i8* xq, const float2* xds, int k, int ff, int x_div, int act, float* h, i8* hq,
+        //  float2* hds), `warps` * 32 threads, grid (ff / 32, pairs), warps * stages chunk
+        //  buffers of dynamic shared memory (the kernel traps on less); banks, side-cars, ids and
+        // outputs checked above; expert ids out of range are caught by the kernel.
+        self.go(
+            k,
+            cfg,
+            &[
+                &ptrs[0], &ptrs[1], &eb, &ints[0], &ptrs[2], &ptrs[3], &ptrs[4], &ints[1],
+                &ints[2], &ints[3], &ints[4], &outs[0], &outs[1], &outs[2],
+            ],
+        )
+    }
+
+    /// Down GEMVs of the routed experts summed with their routing weights (`moe_down`).
+    pub fn moe_down(&self, k: &Kern, a: &MoeDownArgs) -> Result<(), CudaError> {
+        const OP: &str = "moe_down";
+        expect(k, &[Op::MoeDown], OP)?;
+        let max_k = param(k.spec, "max_top_k", 16) as usize;
+        let eb = check_down(k.spec.key.quant, max_k, a)? as i64;
+        let warps = param(k.spec, "warps", 8);
+        let rows = param(k.spec, "rows", 8).max(1) as usize;
+        let smem = stage_smem(k, OP, warps, param(k.spec, "stages", 8))?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, a.out.div_ceil(rows))?, a.n as u32, 1),
+            block_dim: (warps * 32, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let ptrs = [
+            a.down.raw(),
+            a.ids.raw(),
+            a.wts.raw(),
+            a.hq.raw(),
+            a.hds.raw(),
+        ];
+        let ints = [
+            int(OP, "experts", a.n_experts)?,
+            a.top_k as i32,
+            int(OP, "ff", a.ff)?,
+            int(OP, "out", a.out)?,
+        ];
+        let y = a.y.raw();
+        // (const u8* wd, long long expert_bytes, int n_experts, const int* ids, const float* wts,
+        //  int top_k, const i8* hq, const float2* hds, int ff, int out, float* y), `warps` * 32
+        // threads, grid (ceil(out / rows), n), warps * stages chunk buffers of dynamic shared
+        // memory (the kernel traps on less); sizes checked above, top_k <= the instance's
+        // max_top_k; expert ids out of range are caught by the kernel.
+        self.go(
+            k,
+            cfg,
+            &[
+                &ptrs[0], &eb, &ints[0], &ptrs[1], &ptrs[2], &ints[1], &ptrs[3], &ptrs[4],
+                &ints[2], &ints[3], &y,
+            ],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p<T>(addr: u64, len: usize) -> DevPtr<T> {
+        // SAFETY: never dereferenced (validation only).
+        unsafe { DevPtr::from_raw(addr, len) }
+    }
+
+    fn router(q: Quant) -> MoeRouterArgs {
+        let (e, k, n, top_k) = (128usize, 2048usize, 1usize, 8usize);
+        let (be, bb) = weight_block(q).unwrap();
+        MoeRouterArgs {
+            w: p(0x10_0000, e * k / be * bb),
+            x: p(0x100_0000, n * k),
+            xq: p(0x200_0000, n * k),
+            xds: p(0x300_0000, n * k / 16),
+            logits: p(0x400_0000, n * e),
+            ids: p(0x500_0000, n * top_k),
+            wts: p(0x600_0000, n * top_k),
+            counters: p(0x700_0000, n),
+            n,
+            e,
+            k,
+            top_k,
+            norm: true,
+        }
+    }
+
+    #[test]
+    fn router_validation() {
+        for q in [Quant::F32, Quant::F16, Quant::Bf16, Quant::Q8_0] {
+            assert!(check_router(q, &router(q)).is_ok(), "{q}");
+        }
+        assert!(check_router(Quant::Q4K, &router(Quant::Q8_0)).is_err());
+        let ok = router(Quant::F32);
+        // router a byte short, logits / ids / counters short, misaligned x, unaligned row width
+        let short = MoeRouterArgs {
+            w: p(0x10_0000, ok.w.len() - 1),
+            ..ok
+        };
+        assert!(check_router(Quant::F32, &short).is_err());
+        for bad in [
+            MoeRouterArgs {
+                logits: p(0x400_0000, 127),
+                ..ok
+            },
+            MoeRouterArgs {
+                ids: p(0x500_0000, 7),
+                ..ok
+            },
+            MoeRouterArgs {
+                counters: p(0x700_0000, 0),
+                ..ok
+            },
+            MoeRouterArgs {
+                x: p(0x100_0004, 2048),
+                ..ok
+            },
+            MoeRouterArgs { top_k: 17, ..ok },
+            MoeRouterArgs { e: 257, ..ok },
+            MoeRouterArgs { n: 0, ..ok },
+        ] {
+            assert!(check_router(Quant::F32, &bad).is_err(), "{bad:?}");
+        }
+        // F16 rows of 2044 values are not whole 16-byte vectors; Q8_0 needs the side-car
+        let f16 = router(Quant::F16);
+        assert!(check_router(Quant::F16, &MoeRouterArgs { k: 2044, ..f16 }).is_err());
+        let q8 = router(Quant::Q8_0);
+        assert!(check_router(
+            Quant::Q8_0,
+            &MoeRouterArgs {
+                xq: DevPtr::null(),
+                ..q8
+            }
+        )
+        .is_err());
+        assert!(check_router(Quant::Q8_0, &MoeRouterArgs { k: 2040, ..q8 }).is_err());
+    }
+
+    /// The chunk buffer size the launcher reserves is the kernels' own `MD_SBYTES` (from the
+    /// rendered source of every fused gate/up and down instance), and the dynamic shared memory
+    /// of the manifest's warps x stages stays within what every target arch grants a block.
+    #[test]
+    fn stage_bytes_match_the_kernels() {
+        let mut seen = 0;
+        for spec in crate::kernels::KERNELS {
+            if !matches!(spec.key.op, Op::MoeGateUp | Op::MoeDown) {
+                continue;
+            }
+            let line = spec
+                .source
+                .lines()
+                .find_map(|l| l.strip_prefix("#define MD_SBYTES "))
+                .unwrap_or_else(|| panic!("{}: no MD_SBYTES", spec.name));
+            let n: usize = line.split_whitespace().next().unwrap().parse().unwrap();
+            assert_eq!(stage_bytes(spec.key.quant), Some(n), "{}", spec.name);
+            let (w, st) = (
+                spec.param_u32("warps").unwrap() as usize,
+                spec.param_u32("stages").unwrap() as usize,
+            );
+            // sm_120 / sm_121: 99 KiB per block
+            assert!(w * st * n <= 99 * 1024, "{}", spec.name);
+            seen += 1;
+        }
+        assert!(seen >= 10, "{seen} fused instances");
+    }
+
+    fn gate_up() -> MoeGateUpArgs {
+        let (e, ff, k, pairs) = (128usize, 768usize, 2048usize, 8usize);
+        let bank = e * ff * (k / 256) * 144;
+        MoeGateUpArgs {
+            gate: p(0x1000_0000, bank),
+            up: p(0x2000_0000, bank),
+            n_experts: e,
+            ids: p(0x100, pairs),
+            pairs,
+            x_div: 8,
+            xq: p(0x1000, k),
+            xds: p(0x2000, k / 16),
+            k,
+            ff,
+            act: Activation::Silu,
+            h: DevPtr::null(),
+            hq: p(0x10000, pairs * ff),
+            hds: p(0x20000, pairs * ff / 16),
+        }
+    }
+
+    #[test]
+    fn gate_up_validation() {
+        let ok = gate_up();
+        assert_eq!(check_gate_up(Quant::Q4K, &ok).unwrap(), 768 * 8 * 144);
+        assert!(check_gate_up(
+            Quant::Q4K,
+            &MoeGateUpArgs {
+                h: p(0x30000, 8 * 768),
+                ..ok
+            }
+        )
+        .is_ok());
+        assert!(check_gate_up(Quant::F16, &ok).is_err());
+        for bad in [
+            MoeGateUpArgs {
+                up: p(0x2000_0001, ok.up.len()),
+                ..ok
+            },
+            MoeGateUpArgs {
+                gate: p(0x1000_0000, ok.gate.len() - 1),
+                ..ok
+            },
+            MoeGateUpArgs { ff: 784, ..ok },
+            MoeGateUpArgs { pairs: 0, ..ok },
+            MoeGateUpArgs { x_div: 0, ..ok },
+            // two tokens' pairs need two side-car rows
+            MoeGateUpArgs { pairs: 9, ..ok },
+            MoeGateUpArgs {
+                hq: p(0x10000, 8 * 768 - 1),
+                ..ok
+            },
+            MoeGateUpArgs {
+                h: p(0x30000, 8 * 768 - 1),
+                ..ok
+            },
+            MoeGateUpArgs {
+                ids: p(0x100, 7),
+                ..ok
+            },
+        ] {
+            assert!(check_gate_up(Quant::Q4K, &bad).is_err(), "{bad:?}");
+        }
+    }
+
+    fn down() -> MoeDownArgs {
+        let (e, ff, out, n, top_k) = (128usize, 768usize, 2048usize, 1usize, 8usize);
+        MoeDownArgs {
+            down: p(0x1000_0000, e * out * 3 * 210),
+            n_experts: e,
+            ids: p(0x100, n * top_k),
+            wts: p(0x200, n * top_k),
+            n,
+            top_k,
+            hq: p(0x1000, n * top_k * ff),
+            hds: p(0x8000, n * top_k * ff / 16),
+            ff,
+            out,
+            y: p(0x10000, n * out),
+        }
+    }
+
+    #[test]
+    fn down_validation() {
+        let ok = down();
+        assert_eq!(check_down(Quant::Q6K, 16, &ok).unwrap(), 2048 * 3 * 210);
+        assert!(check_down(Quant::Bf16, 16, &ok).is_err());
+        // top_k past the instance's slots
+        assert!(check_down(Quant::Q6K, 4, &ok).is_err());
+        for bad in [
+            MoeDownArgs {
+                down: p(0x1000_0008, ok.down.len()),
+                ..ok
+            },
+            MoeDownArgs {
+                y: p(0x10000, 2047),
+                ..ok
+            },
+            MoeDownArgs {
+                hq: p(0x1000, 8 * 768 - 1),
+                ..ok
+            },
+            MoeDownArgs {
+                wts: p(0x200, 7),
+                ..ok
+            },
+            MoeDownArgs { n: 2, ..ok },
+            MoeDownArgs { ff: 700, ..ok },
+            MoeDownArgs { top_k: 0, ..ok },
+        ] {
+            assert!(check_down(Quant::Q6K, 16, &bad).is_err(), "{bad:?}");
+        }
+    }
+}
