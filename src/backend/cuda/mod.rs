@@ -19,8 +19,8 @@ mod launch_fused;
 mod launch_gemm;
 mod launch_linear;
 mod launch_moe;
-mod launch_prefill;
 pub mod launch_moe_fused;
+mod launch_prefill;
 mod launch_ptr;
 pub mod moe;
 pub mod moe_decode;
@@ -44,10 +44,10 @@ pub use launch_fused::{
 pub use launch_gemm::{chunk_rows, tile_cost, tile_efficiency, GemmPipe, GemmTile, GEMM_PIPE_BK};
 pub use launch_linear::{gemv_default_grid, weight_block, Q8Activations};
 pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
+pub use launch_moe_fused::{MoeDownArgs, MoeGateUpArgs, MoeRouterArgs};
 pub use launch_prefill::{
     attn_prep_rows_suffix, glu_vec_ok, rms_norm_rows_suffix, KernEntry, PREFILL_MIN_ROWS,
 };
-pub use launch_moe_fused::{MoeDownArgs, MoeGateUpArgs, MoeRouterArgs};
 pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, KernQ8, NormWeightPtr};
 pub use probe::cuda_available;
 pub use sampler::{

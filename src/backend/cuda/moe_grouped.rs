@@ -226,9 +226,10 @@ pub fn check_moe_gemm(
                 && out_len >= o
                 && a.perm.len() >= a.pairs
                 && a.tiles.len() / 4 >= a.max_tiles => {}
-        _ => return Err(invalid(
-            OP,
-            format!(
+        _ => {
+            return Err(invalid(
+                OP,
+                format!(
                 "a {} (need {a_rows} x {}) / perm {} / tiles {} / out {out_len} for {} pairs x {}",
                 a.a.len(),
                 a.k,
@@ -237,7 +238,8 @@ pub fn check_moe_gemm(
                 a.pairs,
                 a.n
             ),
-        )),
+            ))
+        }
     }
     let cols = if glu {
         a.n / GLU_COLS
