@@ -34,6 +34,18 @@ const DECODE_BLOCKS: usize = 512;
 /// give 136 blocks: 4 SMs with two 2-tile blocks set the time); at depth <= 128 one block per KV
 /// head writes the output with no merge.
 pub const MIN_SPLIT_KEYS: usize = 128;
+
+/// [`MIN_SPLIT_KEYS`], or `FUCINA_ATTN_MIN_CHUNK` (a multiple of 32, for A/B runs; read once).
+fn min_split_keys() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("FUCINA_ATTN_MIN_CHUNK")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&v| v >= 32 && v % 32 == 0)
+            .unwrap_or(MIN_SPLIT_KEYS)
+    })
+}
 /// Most decode splits.
 const MAX_SPLITS: usize = MAX_DECODE_SPLITS;
 /// Most query-head rows x head dim one decode block takes (`decode_head_split`): Qwen3's
@@ -179,7 +191,7 @@ fn check_attention_shape(
 pub fn decode_splits(capacity: usize, n_kv_heads: usize, window: Option<usize>) -> usize {
     let range = window.map_or(capacity, |w| w.min(capacity));
     let by_blocks = DECODE_BLOCKS.div_ceil(n_kv_heads.max(1));
-    let by_keys = range.div_ceil(MIN_SPLIT_KEYS);
+    let by_keys = range.div_ceil(min_split_keys());
     by_blocks.min(by_keys).clamp(1, MAX_SPLITS)
 }
 
@@ -319,7 +331,7 @@ impl CudaDevice {
                 page_size: KV_PAGE,
                 max_pages: pages,
                 splits,
-                min_chunk: MIN_SPLIT_KEYS,
+                min_chunk: min_split_keys(),
                 scale: p.scale,
                 k_scale: KV_SCALE,
                 v_scale: KV_SCALE,

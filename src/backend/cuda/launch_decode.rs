@@ -1,7 +1,7 @@
 //! Typed launches of the decode-step kernels: attention over the paged FP8 / F16 KV cache
 //! (split-K with the merge fused into the same launch) and the sampler.
 
-use cudarc::driver::{sys, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
 use super::error::{drv, CudaError};
@@ -70,24 +70,6 @@ pub fn kv_elem_bytes(q: Quant) -> Option<usize> {
         Quant::Fp8E4m3 => Some(1),
         Quant::F16 => Some(2),
         _ => None,
-    }
-}
-
-/// Keys per tile of an attn_decode instance (`params.tk`, default 128).
-pub fn decode_tile_keys(spec: &KernelSpec) -> usize {
-    spec.param_u32("tk").unwrap_or(128) as usize
-}
-
-/// Dynamic shared memory of the decode kernel, bytes (see ops/attn_decode.cu.tera).
-pub fn decode_smem_bytes(group: usize, head_dim: usize, kv_bytes: usize, tk: usize) -> usize {
-    4 * group * head_dim + 4 * group * tk + 8 * tk + tk * head_dim * kv_bytes
-}
-
-impl AttnDecodeLaunch {
-    /// Dynamic shared memory of the main kernel for an FP8 cache with 128-key tiles, bytes.
-    pub fn smem_bytes(&self, head_dim: usize) -> usize {
-        let group = self.hq / self.hkv.max(1) / self.head_split.max(1);
-        decode_smem_bytes(group, head_dim, 1, 128)
     }
 }
 
@@ -196,16 +178,7 @@ impl CudaDevice {
                 "caches are not whole pages of [hkv][page_size][d]".into(),
             ));
         }
-        let tk = decode_tile_keys(spec);
-        let smem = decode_smem_bytes(p.hq / p.hkv / p.head_split, d, kvb, tk);
         let f = self.function(spec)?;
-        f.set_attribute(
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(drv(format!(
-            "raising dynamic shared memory to {smem} bytes"
-        )))?;
         let i = |v: usize| i32::try_from(v).map_err(|_| invalid(OP, format!("{v} exceeds i32")));
         let (hq, hkv, hsplit, pg, mp, win, min_chunk) = (
             i(p.hq)?,
@@ -229,8 +202,9 @@ impl CudaDevice {
                 (p.hkv * p.head_split) as u32,
                 p.batch as u32,
             ),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: smem as u32,
+            // one warp per query head of the block
+            block_dim: (32 * (p.hq / p.hkv / p.head_split) as u32, 1, 1),
+            shared_mem_bytes: 0,
         };
         let (qr, kr, vr, btr, posr, por, pmr, outr, cr) = (
             q.raw(),
