@@ -14,7 +14,7 @@
 
 use anyhow::{anyhow, Result};
 use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
-use fucina::backend::cuda::{gemv_default_grid, CudaDevice, Q8Activations};
+use fucina::backend::cuda::{gemv_default_grid, CudaDevice, GemvEntry, Q8Activations};
 use fucina::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
 use fucina::ops::qdot::{quantize_q8_1, random_weights};
 use fucina::quant::GgmlType;
@@ -211,7 +211,16 @@ fn main() -> Result<()> {
         for (label, grid) in &grids {
             let grid = *grid;
             let ms = time_graph(&dev, 30, copies, |i| {
-                Ok(dev.gemv(spec, &ws[i % copies], &dx, &act, &mut y, n, k, Some(grid))?)
+                Ok(dev.gemv(
+                    spec,
+                    &ws[i % copies],
+                    &dx,
+                    &act,
+                    &mut y,
+                    n,
+                    k,
+                    GemvEntry::Main(Some(grid)),
+                )?)
             })?;
             row(&format!("graph {label}"), ms);
             if major >= 9 && ty.block().0 > 1 {
@@ -224,7 +233,16 @@ fn main() -> Result<()> {
             }
         }
         let ms = time_graph(&dev, 30, copies, |i| {
-            Ok(dev.gemv(spec, &ws[i % copies], &dx, &act, &mut y, n, k, None)?)
+            Ok(dev.gemv(
+                spec,
+                &ws[i % copies],
+                &dx,
+                &act,
+                &mut y,
+                n,
+                k,
+                GemvEntry::Auto,
+            )?)
         })?;
         row("graph default", ms);
     }
@@ -276,7 +294,16 @@ fn main() -> Result<()> {
         };
         for grid in grids {
             let ms = time_graph(&dev, 30, copies, |i| {
-                Ok(dev.gemv(spec, &ws[i % copies], &dx, &act, &mut y, n8, k, Some(grid))?)
+                Ok(dev.gemv(
+                    spec,
+                    &ws[i % copies],
+                    &dx,
+                    &act,
+                    &mut y,
+                    n8,
+                    k,
+                    GemvEntry::Main(Some(grid)),
+                )?)
             })?;
             row(&format!("graph grid {grid}"), ms);
             if major >= 9 && ty.block().0 > 1 {

@@ -20,6 +20,8 @@ pub struct CudaDevice {
     modules: Mutex<HashMap<KernelKey, Arc<CudaModule>>>,
     /// Main entry points, resolved once (launch paths do no string work).
     functions: Mutex<HashMap<KernelKey, CudaFunction>>,
+    /// `<name>__<suffix>` entries whose dynamic shared memory limit was raised, loaded once.
+    functions_smem: Mutex<HashMap<(KernelKey, &'static str), CudaFunction>>,
     capture: super::graph::CaptureFlag,
 }
 
@@ -69,6 +71,7 @@ impl CudaDevice {
             ptx: PtxCache::new(cache),
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            functions_smem: Mutex::new(HashMap::new()),
             capture: Default::default(),
         })
     }
@@ -204,6 +207,35 @@ impl CudaDevice {
         self.module(spec)?
             .load_function(&name)
             .map_err(drv(format!("finding {name}")))
+    }
+
+    /// [`Self::function_suffixed`] with its dynamic shared memory limit raised to `smem` bytes,
+    /// loaded and configured once per (instance, suffix); `smem` must not change per suffix.
+    pub fn function_suffixed_smem(
+        &self,
+        spec: &'static KernelSpec,
+        suffix: &'static str,
+        smem: usize,
+    ) -> Result<CudaFunction, CudaError> {
+        let key = (spec.key, suffix);
+        if let Some(f) = self
+            .functions_smem
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return Ok(f);
+        }
+        let f = self.function_suffixed(spec, suffix)?;
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(drv(format!("raising {}__{suffix} shared memory to {smem} bytes", spec.name)))?;
+        if let Ok(mut m) = self.functions_smem.lock() {
+            m.insert(key, f.clone());
+        }
+        Ok(f)
     }
 
     /// Copy host data to a new device buffer.

@@ -5,7 +5,9 @@
 
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 
+use super::buf::DevPtr;
 use super::error::{drv, CudaError};
+use super::launch_ptr::Kern;
 use super::CudaDevice;
 use crate::kernels::{KernelSpec, Op, Quant};
 
@@ -55,6 +57,77 @@ pub fn gemv_default_grid(spec: &KernelSpec, n: usize, sms: u32) -> u32 {
     } else {
         grid
     }
+}
+
+/// Blocks of a GEMV instance's staged chunk (the template's `CB`: 128 / 96 / 64 / 16 / 16
+/// blocks for Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K, divided by `chunk_div`); None for float formats.
+fn gemv_chunk_blocks(spec: &KernelSpec) -> Option<usize> {
+    let cb = match spec.key.quant {
+        Quant::Q4_0 => 128,
+        Quant::Q5_0 => 96,
+        Quant::Q8_0 => 64,
+        Quant::Q4K | Quant::Q6K => 16,
+        _ => return None,
+    };
+    Some(cb / spec.param_u32("chunk_div").unwrap_or(1).max(1) as usize)
+}
+
+/// Dynamic shared memory of a GEMV instance's `__s2` entry (two chunk buffers per warp:
+/// 4 warps x 2 x `rows` x SBYTES, SBYTES = the chunk's 16-byte units + one for misalignment, + 16
+/// bytes of slack; see ops/gemv.cu.tera); None when the instance has no such entry (only
+/// block formats with `rows` > 1 do).
+pub fn gemv_s2_smem(spec: &KernelSpec) -> Option<usize> {
+    let rows = spec.param_u32("rows").unwrap_or(1) as usize;
+    if spec.key.op != Op::Gemv || rows < 2 {
+        return None;
+    }
+    let (_, bb) = weight_block(spec.key.quant)?;
+    let cb = gemv_chunk_blocks(spec)?;
+    let units = (cb * bb).div_ceil(16) + 1;
+    Some(4 * 2 * rows * (units * 16 + 16))
+}
+
+/// Which GEMV entry streams an `[n, k]` matrix: `__s2` (two whole-chunk buffers per warp) when
+/// the instance has one and `FUCINA_GEMV_S2` says so: `always`, `never`, or by default (`long`)
+/// for rows of at least 3 chunks, whose warps gain from computing one chunk while the next
+/// lands. Measured on the H200 (ncu, Qwen3-8B Q4_0): down 4096 x 12288 (3 chunks) 16.0 -> 14.4
+/// us with `__s2`; gate/up 24576 x 4096 (1 chunk) 19.6 -> 21.1 us and the Q6_K head 151936 x
+/// 4096 (2 chunks) 176 -> 182 us without gain.
+pub fn gemv_use_s2(spec: &KernelSpec, n: usize, k: usize) -> bool {
+    static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    let mode = *MODE.get_or_init(|| match std::env::var("FUCINA_GEMV_S2").as_deref() {
+        Ok("always") | Ok("1") => 2,
+        Ok("never") | Ok("0") => 0,
+        _ => 1,
+    });
+    let _ = n;
+    let chunk =
+        gemv_chunk_blocks(spec).unwrap_or(0) * weight_block(spec.key.quant).map_or(0, |(be, _)| be);
+    gemv_s2_smem(spec).is_some()
+        && match mode {
+            0 => false,
+            2 => true,
+            _ => chunk > 0 && k >= 3 * chunk,
+        }
+}
+
+/// Grid of the `__s2` entry: like [`gemv_default_grid`], capped at the 2 blocks per SM that
+/// its shared memory allows (75 KB per block for Q4_0 with 4 rows).
+pub fn gemv_s2_grid(spec: &KernelSpec, n: usize, sms: u32, smem: usize) -> u32 {
+    let per_sm = (227 * 1024 / smem.max(1)).clamp(1, 4) as u32;
+    let rows = spec.param_u32("rows").unwrap_or(1).max(1) as usize;
+    (n.div_ceil(4 * rows).min(u32::MAX as usize) as u32).min(per_sm * sms.max(1))
+}
+
+/// Which entry and grid of a GEMV instance a launch uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemvEntry {
+    /// [`gemv_use_s2`] decides; default grid.
+    Auto,
+    /// The main entry; `Some(g)` blocks of 4 warps, or the default grid.
+    Main(Option<u32>),
+    /// The `__s2` entry (an error when the instance has none); `Some(g)` blocks, or its default.
+    S2(Option<u32>),
 }
 
 /// Activations of a block-format GEMV: int8 per 32 (`xq`) and per group {d, d*sum(q)} (`xds`,
@@ -120,8 +193,8 @@ impl CudaDevice {
 
     /// `y[b][r] = sum_j W[r][j] x[b][j]` for `b < spec.key.batch`: `w` holds `n` rows of `k`
     /// elements in the GGUF layout of `spec.key.quant`. Float formats read `x` (f32, batch*k);
-    /// block formats read `act` (from [`Self::quantize_q8`] of x). `grid` = blocks of 4 warps
-    /// (None: [`gemv_default_grid`], one row group per warp, the measured best on H200).
+    /// block formats read `act` (from [`Self::quantize_q8`] of x). `entry` picks the kernel entry
+    /// and grid ([`GemvEntry::Auto`]: what decode uses).
     #[allow(clippy::too_many_arguments)]
     pub fn gemv(
         &self,
@@ -132,67 +205,23 @@ impl CudaDevice {
         y: &mut CudaSlice<f32>,
         n: usize,
         k: usize,
-        grid: Option<u32>,
+        entry: GemvEntry,
     ) -> Result<(), CudaError> {
-        const OP: &str = "gemv";
-        expect_op(spec, Op::Gemv, OP)?;
-        let (be, bb) = weight_block(spec.key.quant)
-            .ok_or_else(|| invalid(OP, format!("{} unsupported", spec.key.quant)))?;
-        let batch = spec.key.batch.value().unwrap_or(1) as usize;
-        let block_fmt = be > 1;
-        if n == 0 || k == 0 || k % be != 0 || (block_fmt && k % 32 != 0) {
-            return Err(invalid(OP, format!("n={n} k={k} for {}", spec.key.quant)));
-        }
-        if w.len() < n * (k / be) * bb || y.len() < batch * n {
-            return Err(invalid(
-                OP,
-                format!(
-                    "w {} bytes / y {} for n={n} k={k} batch={batch}",
-                    w.len(),
-                    y.len()
-                ),
-            ));
-        }
-        if block_fmt && (act.xq.len() < batch * k || act.xds.len() < batch * k / 16) {
-            return Err(invalid(
-                OP,
-                format!(
-                    "activations hold {} values, need {}",
-                    act.xq.len(),
-                    batch * k
-                ),
-            ));
-        }
-        if !block_fmt && x.len() < batch * k {
-            return Err(invalid(
-                OP,
-                format!("x holds {} values, need {}", x.len(), batch * k),
-            ));
-        }
-        let (n32, k32) = (int(OP, "n", n)?, int(OP, "k", k)?);
-        let grid = match grid {
-            Some(g) => g,
-            None => gemv_default_grid(spec, n, self.sm_count()?),
-        }
-        .max(1);
-        let f = self.function(spec)?;
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
+        let kn = Kern {
+            spec,
+            f: self.function(spec)?,
         };
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(w)
-            .arg(x)
-            .arg(&act.xq)
-            .arg(&act.xds)
-            .arg(y)
-            .arg(&n32)
-            .arg(&k32);
-        // SAFETY: matches (const u8* w, const float* x, const i8* xq, const float2* xds, float* y,
-        // int n, int k), 128 threads; every buffer was checked to hold what the kernel reads.
-        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
-        Ok(())
+        self.gemv_entry_ptr(
+            &kn,
+            DevPtr::of(w),
+            DevPtr::of(x),
+            DevPtr::of(&act.xq),
+            DevPtr::of(&act.xds),
+            DevPtr::of(&*y),
+            (n, k),
+            self.sm_count()?,
+            entry,
+        )
     }
 
     /// `c[m][n] = a[m][k] . w[n][k]^T` (f32 out). bf16: `a`, `w` hold bf16 bits. fp8_e4m3:

@@ -11,7 +11,9 @@ use cudarc::driver::{sys, CudaFunction, CudaStream, LaunchConfig, PushKernelArg}
 use super::buf::DevPtr;
 use super::error::{drv, CudaError};
 use super::launch::RopeLaunch;
-use super::launch_linear::{gemv_default_grid, weight_block};
+use super::launch_linear::{
+    gemv_default_grid, gemv_s2_grid, gemv_s2_smem, gemv_use_s2, weight_block, GemvEntry,
+};
 use super::types::Q8Ptrs;
 use super::CudaDevice;
 use crate::kernels::{KernelSpec, Op, Quant};
@@ -590,6 +592,23 @@ impl CudaDevice {
         (n, k): (usize, usize),
         sms: u32,
     ) -> Result<(), CudaError> {
+        self.gemv_entry_ptr(kn, w, x, xq, xds, y, (n, k), sms, GemvEntry::Auto)
+    }
+
+    /// [`Self::gemv_ptr`] through the entry and grid `entry` names.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_entry_ptr(
+        &self,
+        kn: &Kern,
+        w: DevPtr<u8>,
+        x: DevPtr<f32>,
+        xq: DevPtr<i8>,
+        xds: DevPtr<f32>,
+        y: DevPtr<f32>,
+        (n, k): (usize, usize),
+        sms: u32,
+        entry: GemvEntry,
+    ) -> Result<(), CudaError> {
         const OP: &str = "gemv";
         expect(kn, &[Op::Gemv], OP)?;
         let q = kn.spec.key.quant;
@@ -621,15 +640,48 @@ impl CudaDevice {
                 format!("x holds {} values, need {}", x.len(), batch * k),
             ));
         }
-        let cfg = LaunchConfig {
-            grid_dim: (gemv_default_grid(kn.spec, n, sms).max(1), 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let (wp, xp, qp, dp, yp) = (w.raw(), x.raw(), xq.raw(), xds.raw(), y.raw());
         let (n32, k32) = (int(OP, "n", n)?, int(OP, "k", k)?);
         // (const u8* w, const float* x, const i8* xq, const float2* xds, float* y, int n, int k),
-        // 128 threads
+        // 128 threads; the `__s2` entry takes the same arguments and its dynamic shared memory
+        let entry = match entry {
+            GemvEntry::Auto if gemv_use_s2(kn.spec, n, k) => GemvEntry::S2(None),
+            GemvEntry::Auto => GemvEntry::Main(None),
+            e => e,
+        };
+        let grid = match entry {
+            GemvEntry::S2(grid) => {
+                let smem = gemv_s2_smem(kn.spec)
+                    .ok_or_else(|| invalid(OP, format!("{} has no __s2 entry", kn.spec.name)))?;
+                let s2 = Kern {
+                    spec: kn.spec,
+                    f: self.function_suffixed_smem(kn.spec, "s2", smem)?,
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        grid.unwrap_or_else(|| gemv_s2_grid(kn.spec, n, sms, smem))
+                            .max(1),
+                        1,
+                        1,
+                    ),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: smem as u32,
+                };
+                return self.go(&s2, cfg, &[&wp, &xp, &qp, &dp, &yp, &n32, &k32]);
+            }
+            GemvEntry::Main(grid) => grid,
+            GemvEntry::Auto => None,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (
+                grid.unwrap_or_else(|| gemv_default_grid(kn.spec, n, sms))
+                    .max(1),
+                1,
+                1,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
         self.go(kn, cfg, &[&wp, &xp, &qp, &dp, &yp, &n32, &k32])
     }
 

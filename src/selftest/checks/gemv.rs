@@ -4,7 +4,7 @@
 //! multi-chunk rows, and a second launch with only 3 blocks makes each warp walk several rows.
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::{CudaError, Q8Activations};
+use crate::backend::cuda::{gemv_s2_smem, CudaError, GemvEntry, Q8Activations};
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::qdot::{dequantize_q8_1, gemv_ref, quantize_q8_1, random_weights, Q8Act};
 use crate::quant::GgmlType;
@@ -118,16 +118,26 @@ impl KernelCheck for GemvCheck {
             };
             let want = gemv_ref(ty, &w, n, k, &xref).map_err(qerr)?;
             let (dw, dx) = (cx.dev.upload(&w)?, cx.dev.upload(&x)?);
-            for grid in [None, Some(3)] {
+            // both entries (the `__s2` one where the instance has it), default and 3-block grids
+            let s2 = gemv_s2_smem(spec).is_some();
+            for entry in [
+                GemvEntry::Main(None),
+                GemvEntry::Main(Some(3)),
+                GemvEntry::S2(None),
+                GemvEntry::S2(Some(3)),
+            ] {
+                if matches!(entry, GemvEntry::S2(_)) && !s2 {
+                    continue;
+                }
                 let mut y = cx.dev.filled_f32(bs * n, f32::NAN)?;
-                cx.dev.gemv(spec, &dw, &dx, &act, &mut y, n, k, grid)?;
+                cx.dev.gemv(spec, &dw, &dx, &act, &mut y, n, k, entry)?;
                 cmp = cmp.merge(Comparison::new(&cx.dev.download(&y)?, &want));
             }
             if i == 0 {
                 let mut y = cx.dev.filled_f32(bs * n, f32::NAN)?;
                 let dev = cx.dev;
                 micros = time_us(dev, cx.iters, || {
-                    dev.gemv(spec, &dw, &dx, &act, &mut y, n, k, None)
+                    dev.gemv(spec, &dw, &dx, &act, &mut y, n, k, GemvEntry::Auto)
                 })?;
             }
         }
