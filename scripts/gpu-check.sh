@@ -30,6 +30,11 @@ bench)
     ;;
 serve)
     model=$2 port=18080
+    # the device has no network: the SDK comes from wheels carried in .whl/ (made here with
+    # `pip download --only-binary :all: --python-version 3.12 --platform manylinux2014_x86_64
+    # openai -d .whl`)
+    python3 -c 'import openai' 2>/dev/null ||
+        python3 -m pip install -q --no-index --find-links .whl openai >"$OUT/pip.log" 2>&1
     "$FUCINA" -m "$model" --device cuda --port $port >"$OUT/serve.log" 2>&1 &
     pid=$!
     for _ in $(seq 1 120); do

@@ -393,12 +393,20 @@ pub fn golden_cases(root: &Path) -> (Vec<(String, PathBuf, Value)>, Vec<String>)
     (out, skipped)
 }
 
+/// Logit bound of the Gemma 3 270M rows whose test backend keeps its KV cache in FP8 E4M3
+/// (the reference's is f32). E4M3 keeps 3 mantissa bits (up to 6.25% rounding error per cached
+/// value), so on top of the f16-cache drift (3.3-3.6% on the H200) the logits move by a few
+/// percent more: measured 4.3% and 5.1% with two decode-attention kernels of different
+/// summation order, both with equal (or near-tie-excused) text.
+pub const FP8_KV_270M_BOUND: f64 = 1e-1;
+
 /// The real Gemma 3 270M: greedy text of the backend under test equals the reference's for
-/// [`GREEDY_STEPS`] tokens.
+/// [`GREEDY_STEPS`] tokens, logits within `bound` (None: the golden Gemma 3 bound).
 pub fn check_gemma3_270m<T: Backend, R: Backend>(
     path: &Path,
     test: &Arc<T>,
     reference: &Arc<R>,
+    bound: Option<f64>,
 ) -> ModelRow {
     let name = "gemma-3-270m greedy text".to_string();
     let run = || -> Result<ModelRow, String> {
@@ -412,7 +420,7 @@ pub fn check_gemma3_270m<T: Backend, R: Backend>(
         let c = compare_greedy(&mt, &mr, &prompt, GREEDY_STEPS)?;
         let tt = tok.decode(&c.test, false).map_err(|e| e.to_string())?;
         let tr = tok.decode(&c.reference, false).map_err(|e| e.to_string())?;
-        let bound = Bounds::for_case("gemma3").vs_ref;
+        let bound = bound.unwrap_or(Bounds::for_case("gemma3").vs_ref);
         // Two backends with different arithmetic (int8/bf16 activations, f16/FP8 KV, summation
         // order) agree on the text until a step where the reference's top two logits are closer
         // than the logit error measured up to there: there either pick is right. Such a step
@@ -459,13 +467,17 @@ pub fn gemma3_270m_path() -> Result<PathBuf, String> {
 /// Every model row for `test` against `reference`.
 pub fn check_all<T: Backend, R: Backend>(test: &Arc<T>, reference: &Arc<R>) -> Vec<ModelRow> {
     let mut rows = check_all_except(test, reference, &[], "");
-    rows.push(gemma3_270m_row(test, reference));
+    rows.push(gemma3_270m_row(test, reference, None));
     rows
 }
 
-fn gemma3_270m_row<T: Backend, R: Backend>(test: &Arc<T>, reference: &Arc<R>) -> ModelRow {
+fn gemma3_270m_row<T: Backend, R: Backend>(
+    test: &Arc<T>,
+    reference: &Arc<R>,
+    bound: Option<f64>,
+) -> ModelRow {
     match gemma3_270m_path() {
-        Ok(p) => check_gemma3_270m(&p, test, reference),
+        Ok(p) => check_gemma3_270m(&p, test, reference, bound),
         Err(e) => ModelRow::failed(
             "gemma-3-270m greedy text".into(),
             format!("no model file: {e}"),
@@ -565,7 +577,8 @@ pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
         } else {
             Vec::new()
         };
-        part.push(gemma3_270m_row(&gpu, &cpu_int8));
+        let bound = (kv == KvType::Fp8E4m3).then_some(FP8_KV_270M_BOUND);
+        part.push(gemma3_270m_row(&gpu, &cpu_int8, bound));
         rows.extend(part.into_iter().map(|mut r| {
             r.name = format!("[{tag}] {}", r.name);
             r
@@ -633,7 +646,7 @@ mod tests {
             panic!("the Gemma 3 270M file is needed (scripts/fetch-assets.sh, FUCINA_TEST_ASSETS)")
         };
         let a = Arc::new(CpuBackend::new());
-        let r = check_gemma3_270m(&p, &a, &a.clone());
+        let r = check_gemma3_270m(&p, &a, &a.clone(), None);
         assert!(r.pass, "{}", format_rows(std::slice::from_ref(&r)));
         assert!(r.note.len() > 10, "{}", r.note);
     }
