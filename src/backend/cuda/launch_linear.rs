@@ -93,26 +93,31 @@ pub fn gemv_s2_smem(spec: &KernelSpec) -> Option<usize> {
 /// lands. Measured on the H200 (ncu, Qwen3-8B Q4_0): down 4096 x 12288 (3 chunks) 16.0 -> 14.4
 /// us with `__s2`; gate/up 24576 x 4096 (1 chunk) 19.6 -> 21.1 us and the Q6_K head 151936 x
 /// 4096 (2 chunks) 176 -> 182 us without gain.
-pub fn gemv_use_s2(spec: &KernelSpec, n: usize, k: usize) -> bool {
+pub fn gemv_use_s2(spec: &KernelSpec, k: usize) -> bool {
     static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
     let mode = *MODE.get_or_init(|| match std::env::var("FUCINA_GEMV_S2").as_deref() {
         Ok("always") | Ok("1") => 2,
         Ok("never") | Ok("0") => 0,
         _ => 1,
     });
-    let _ = n;
-    let chunk =
-        gemv_chunk_blocks(spec).unwrap_or(0) * weight_block(spec.key.quant).map_or(0, |(be, _)| be);
     gemv_s2_smem(spec).is_some()
         && match mode {
             0 => false,
             2 => true,
-            _ => chunk > 0 && k >= 3 * chunk,
+            _ => gemv_row_is_long(spec, k),
         }
 }
 
-/// Grid of the `__s2` entry: like [`gemv_default_grid`], capped at the 2 blocks per SM that
-/// its shared memory allows (75 KB per block for Q4_0 with 4 rows).
+/// Whether rows of `k` values span at least 3 of the instance's staged chunks (the default
+/// rule of [`gemv_use_s2`]).
+fn gemv_row_is_long(spec: &KernelSpec, k: usize) -> bool {
+    let chunk =
+        gemv_chunk_blocks(spec).unwrap_or(0) * weight_block(spec.key.quant).map_or(0, |(be, _)| be);
+    chunk > 0 && k >= 3 * chunk
+}
+
+/// Grid of the `__s2` entry: like [`gemv_default_grid`], capped at the blocks per SM that its
+/// shared memory allows (3 of 75 KB for Q4_0 with 4 rows; at most 4).
 pub fn gemv_s2_grid(spec: &KernelSpec, n: usize, sms: u32, smem: usize) -> u32 {
     let per_sm = (227 * 1024 / smem.max(1)).clamp(1, 4) as u32;
     let rows = spec.param_u32("rows").unwrap_or(1).max(1) as usize;
@@ -324,5 +329,52 @@ impl CudaDevice {
         // SAFETY: matches (const uint4* p, long long n16, u32* sink); sink holds grid*256 words.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bs1(q: Quant) -> &'static KernelSpec {
+        crate::kernels::KERNELS
+            .iter()
+            .find(|s| {
+                s.key.op == Op::Gemv
+                    && s.key.quant == q
+                    && s.key.batch.value() == Some(1)
+                    && s.name.ends_with("sm_90a")
+            })
+            .expect("bs1 instance")
+    }
+
+    /// The `__s2` shared memory follows the template's chunk arithmetic (Q4_0: 128 blocks of
+    /// 18 bytes = 144 16-byte copies, + 1 for misalignment, + 16 bytes of slack per row buffer,
+    /// 4 warps x 2 x 4 rows),
+    /// fits an H200 SM twice (227 KB), and only the multi-row instances have the entry.
+    #[test]
+    fn s2_entry_geometry() {
+        let q4 = bs1(Quant::Q4_0);
+        assert_eq!(gemv_s2_smem(q4), Some(4 * 2 * 4 * (145 * 16 + 16)));
+        for q in [Quant::Q4_0, Quant::Q4K, Quant::Q6K] {
+            let smem = gemv_s2_smem(bs1(q)).expect("multi-row instance");
+            assert!(2 * smem <= 227 * 1024, "{q}: {smem}");
+            assert_eq!(gemv_s2_grid(bs1(q), 4096, 132, smem), 256);
+            // a large matrix: every block resident at once, at least 2 per SM
+            let g = gemv_s2_grid(bs1(q), 1 << 20, 132, smem) as usize;
+            assert!(g * smem <= 132 * 227 * 1024 && g >= 2 * 132, "{q}: {g}");
+        }
+        assert_eq!(gemv_s2_smem(bs1(Quant::Q8_0)), None);
+    }
+
+    /// The default rule picks `__s2` for rows of at least 3 chunks only: Qwen3-8B's down projection
+    /// (k = 12288 = 3 chunks of 4096) but not its gate/up (k = 4096) or a Q6_K head at k = 4096
+    /// (2 chunks of 2048).
+    #[test]
+    fn s2_only_for_long_rows() {
+        assert!(gemv_row_is_long(bs1(Quant::Q4_0), 12288));
+        assert!(gemv_row_is_long(bs1(Quant::Q4K), 12288));
+        assert!(!gemv_row_is_long(bs1(Quant::Q4_0), 4096));
+        assert!(!gemv_row_is_long(bs1(Quant::Q6K), 4096));
     }
 }

@@ -645,7 +645,7 @@ impl CudaDevice {
         // (const u8* w, const float* x, const i8* xq, const float2* xds, float* y, int n, int k),
         // 128 threads; the `__s2` entry takes the same arguments and its dynamic shared memory
         let entry = match entry {
-            GemvEntry::Auto if gemv_use_s2(kn.spec, n, k) => GemvEntry::S2(None),
+            GemvEntry::Auto if gemv_use_s2(kn.spec, k) => GemvEntry::S2(None),
             GemvEntry::Auto => GemvEntry::Main(None),
             e => e,
         };
