@@ -103,6 +103,18 @@ pub struct AttnPrepBufs {
     pub v_cache: DevPtr<u8>,
 }
 
+/// The common length of the four buffers `a`, `b`, `s`, `y` of an add + norm launch, when it is
+/// a nonzero whole number of `dim`-value groups.
+fn same_groups(op: &'static str, [a, b, s, y]: [usize; 4], dim: usize) -> Result<usize, CudaError> {
+    if dim == 0 || a == 0 || a % dim != 0 || b != a || s != a || y != a {
+        return Err(invalid(
+            op,
+            format!("a {a} / b {b} / s {s} / y {y} not groups of {dim}"),
+        ));
+    }
+    Ok(a)
+}
+
 impl CudaDevice {
     /// `s = a + b`, `y = rms_norm(s)` over groups of `dim` values (all four the same length),
     /// plus the int8 side-car of `y` when `q8` is given (`dim % 32 == 0`).
@@ -162,18 +174,7 @@ impl CudaDevice {
     ) -> Result<(), CudaError> {
         const OP: &str = "add_rms_norm";
         expect(k, &[Op::AddRmsNorm], OP)?;
-        let n = a.len();
-        if dim == 0 || n == 0 || n % dim != 0 || b.len() != n || s.len() != n || y.len() != n {
-            return Err(invalid(
-                OP,
-                format!(
-                    "a {n} / b {} / s {} / y {} not groups of {dim}",
-                    b.len(),
-                    s.len(),
-                    y.len()
-                ),
-            ));
-        }
+        let n = same_groups(OP, [a.len(), b.len(), s.len(), y.len()], dim)?;
         let (mode, wp) = norm_mode(OP, Some(w), dim)?;
         let (qp, dp) = q8_args(OP, q8, n, dim)?;
         let cfg = LaunchConfig {
@@ -220,18 +221,7 @@ impl CudaDevice {
     ) -> Result<(), CudaError> {
         const OP: &str = "norm_add_rms_norm";
         expect(k, &[Op::NormAddRmsNorm], OP)?;
-        let n = a.len();
-        if dim == 0 || n == 0 || n % dim != 0 || b.len() != n || s.len() != n || y.len() != n {
-            return Err(invalid(
-                OP,
-                format!(
-                    "a {n} / b {} / s {} / y {} not groups of {dim}",
-                    b.len(),
-                    s.len(),
-                    y.len()
-                ),
-            ));
-        }
+        let n = same_groups(OP, [a.len(), b.len(), s.len(), y.len()], dim)?;
         // every buffer holds n floats: two overlap when their starts are closer than that
         let span = |p: DevPtr<f32>| (p.raw(), p.raw() + 4 * n as u64);
         let overlap = |p: DevPtr<f32>, q: DevPtr<f32>| {
@@ -442,6 +432,20 @@ impl CudaDevice {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn add_norm_buffers_are_whole_equal_groups() {
+        use super::same_groups;
+        assert_eq!(same_groups("t", [8, 8, 8, 8], 4).unwrap(), 8);
+        assert!(same_groups("t", [8, 8, 8, 8], 0).is_err());
+        assert!(same_groups("t", [0, 0, 0, 0], 4).is_err());
+        assert!(same_groups("t", [8, 8, 8, 8], 3).is_err());
+        for i in 0..4 {
+            let mut v = [8; 4];
+            v[i] = 12;
+            assert!(same_groups("t", v, 4).is_err(), "{v:?}");
+        }
+    }
+
     use super::norm_add_chunks;
 
     #[test]
