@@ -69,6 +69,9 @@ key_enum! {
         QuantizeQ8 => "quantize_q8",
         Gemv => "gemv",
         Gemm => "gemm",
+        /// Many-row linear over float weights (f32 / f16) on CUDA cores, f32 throughout (the
+        /// prefill of the MoE router and F16 matrices).
+        GemmF32 => "gemm_f32",
         AttnDecode => "attn_decode",
         /// Causal attention of many query rows over the paged KV cache (prefill).
         AttnPrefill => "attn_prefill",

@@ -101,6 +101,11 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             any_hd(key)?;
             any_bs(key)
         }
+        Op::GemmF32 => {
+            quant_in(key, &[Quant::F32, Quant::F16])?;
+            any_hd(key)?;
+            any_bs(key)
+        }
         Op::Embed => {
             quant_in(key, EMBED_FORMATS)?;
             any_hd(key)?;

@@ -11,7 +11,7 @@
 //! - linear, n > 8, GEMM formats (bf16 activations, weights as bf16: `gemm_pipe`, block formats
 //!   dequantised chunk by chunk, the chunked rows with a 1 MiB scratch) vs the f32 reference:
 //!   3e-2 (bf16 rounding of both operands, ~2^-9 per product; an indexing bug gives O(1));
-//!   F32/F16 (GEMV in chunks of 8): 1e-4;
+//!   F32/F16 (`gemm_f32`, f32 on CUDA cores): 1e-4;
 //! - linear of a Q5_K weight (no kernels: stored as F16 at upload) vs the f32 reference: 4e-3;
 //! - moe at prefill sizes (n = 64..512: the grouped tensor-core GEMMs, bf16 activations and
 //!   weights, against the f32 CPU backend): [`MOE_BOUND`].

@@ -10,6 +10,7 @@ mod dequant_bf16;
 mod embed;
 mod ewise;
 mod gemm;
+mod gemm_f32;
 mod gemm_pipe;
 mod gemv;
 mod glu;
@@ -39,6 +40,7 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &gemv::QuantizeQ8Check,
         &gemv::GemvCheck,
         &gemm::GemmCheck,
+        &gemm_f32::GemmF32Check,
         &gemm_pipe::GemmPipeCheck,
         &dequant_bf16::DequantBf16Check,
         &attn_decode::AttnDecodeCheck,

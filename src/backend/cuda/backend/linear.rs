@@ -83,6 +83,19 @@ impl CudaBackend {
                 return Ok(GpuTensor::new(c, n, out));
             }
         }
+        if matches!(v.quant, Quant::F32 | Quant::F16) {
+            if let Ok(g) = self.kern(Op::GemmF32, v.quant, BatchBucket::Any) {
+                let c = self.pool.alloc(n * out * 4)?;
+                self.dev.gemm_f32_ptr(
+                    &g,
+                    x.ptr(),
+                    v.data,
+                    slice(c.f32(), n * out)?,
+                    (n, out, k),
+                )?;
+                return Ok(GpuTensor::new(c, n, out));
+            }
+        }
         // chunks of 8 rows through the batch-8 GEMV (output rows rounded up to 8)
         let chunks = n.div_ceil(8);
         let y = self.pool.alloc(chunks * 8 * out * 4)?;
