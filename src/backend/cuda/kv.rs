@@ -17,7 +17,9 @@ use std::sync::Arc;
 use super::buf::{DevBuf, DevPtr, Pool};
 use super::error::CudaError;
 use super::launch_attn::{AttnPrefillLaunch, KvLayout};
-use super::launch_decode::{AttnDecodeLaunch, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS};
+use super::launch_decode::{
+    AttnDecodeLaunch, DecodeEntry, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS,
+};
 use super::types::{GpuKvCache, KvType};
 use super::CudaDevice;
 use crate::backend::{AttnParams, KvShape};
@@ -337,6 +339,7 @@ impl CudaDevice {
                 v_scale: KV_SCALE,
                 softcap,
                 window,
+                entry: DecodeEntry::Auto,
             };
             let part_o = pool.alloc(p.n_heads * splits * d * 4)?;
             let part_ml = pool.alloc(p.n_heads * splits * 2 * 4)?;

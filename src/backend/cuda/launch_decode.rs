@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use super::buf::DevPtr;
 use super::error::{drv, CudaError};
 use super::CudaDevice;
-use crate::kernels::{KernelSpec, Op, Quant};
+use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::sample::SampleParams;
 
 // SAFETY: `SampleParams` is #[repr(C)] plain data with the kernel's `SampleParams` layout
@@ -46,6 +46,39 @@ pub struct AttnDecodeLaunch {
     pub softcap: f32,
     /// 0 = full attention.
     pub window: usize,
+    /// Which entry of the instance runs (the tensor-core `__mma` one where it exists by default).
+    pub entry: DecodeEntry,
+}
+
+/// The entry point of a decode-attention instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeEntry {
+    /// [`decode_mma_default`]: the tensor-core entry where the instance has one.
+    #[default]
+    Auto,
+    /// The scalar entry: one warp per query head, f32 dot products.
+    Scalar,
+    /// The tensor-core entry (`<name>__mma`): an error for instances without it.
+    Mma,
+}
+
+/// Whether an instance has the tensor-core entry `__mma` (ops/attn_decode renders it for head
+/// dim 128 on sm_89+: mma.sync f16 with exact FP8/F16 -> f16 conversions of the cache).
+pub fn decode_has_mma(spec: &KernelSpec) -> bool {
+    decode_key_has_mma(&spec.key)
+}
+
+/// [`decode_has_mma`] by key.
+pub fn decode_key_has_mma(key: &KernelKey) -> bool {
+    key.op == Op::AttnDecode && key.head_dim.value() == Some(128) && key.arch.sm() >= 89
+}
+
+/// The entry [`DecodeEntry::Auto`] runs: `__mma` where the instance has it, unless
+/// `FUCINA_ATTN_MMA=0` (read once).
+pub fn decode_mma_default(spec: &KernelSpec) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    decode_has_mma(spec)
+        && !*OFF.get_or_init(|| std::env::var("FUCINA_ATTN_MMA").is_ok_and(|v| v == "0"))
 }
 
 /// Most splits of one decode-attention launch (the kernel's MAXS).
@@ -178,7 +211,23 @@ impl CudaDevice {
                 "caches are not whole pages of [hkv][page_size][d]".into(),
             ));
         }
-        let f = self.function(spec)?;
+        let mma = match p.entry {
+            DecodeEntry::Auto => decode_mma_default(spec),
+            DecodeEntry::Scalar => false,
+            DecodeEntry::Mma if decode_has_mma(spec) => true,
+            DecodeEntry::Mma => {
+                return Err(invalid(
+                    OP,
+                    format!("{} has no tensor-core entry", spec.name),
+                ));
+            }
+        };
+        let f = if mma {
+            // static shared memory only: the dynamic limit stays 0
+            self.function_suffixed_smem(spec, "mma", 0)?
+        } else {
+            self.function(spec)?
+        };
         let i = |v: usize| i32::try_from(v).map_err(|_| invalid(OP, format!("{v} exceeds i32")));
         let (hq, hkv, hsplit, pg, mp, win, min_chunk) = (
             i(p.hq)?,

@@ -37,7 +37,10 @@ pub use error::CudaError;
 pub use kv::MIN_SPLIT_KEYS;
 pub use launch::{GluShape, RopeLaunch};
 pub use launch_attn::{AttnPrefillLaunch, KvLayout};
-pub use launch_decode::{AttnDecodeLaunch, AttnScratch, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS};
+pub use launch_decode::{
+    decode_has_mma, decode_key_has_mma, AttnDecodeLaunch, AttnScratch, DecodeEntry,
+    MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS,
+};
 pub use launch_fused::{
     norm_add_chunks, AttnPrepBufs, AttnPrepLaunch, NormAddWeights, ATTN_PREP_MAX_HEAD_DIM,
 };

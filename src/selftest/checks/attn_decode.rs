@@ -10,7 +10,10 @@
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::kv::decode_head_split;
-use crate::backend::cuda::{AttnDecodeLaunch, CudaError, DevPtr, MIN_SPLIT_KEYS};
+use crate::backend::cuda::{
+    decode_has_mma, decode_key_has_mma, AttnDecodeLaunch, CudaError, DecodeEntry, DevPtr,
+    MIN_SPLIT_KEYS,
+};
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::attention_ref::{attention_decode, DecodeAttn};
 use crate::quant::{e4m3_to_f32, f32_to_e4m3};
@@ -65,6 +68,8 @@ fn cases(d: usize) -> Vec<Case> {
             c(4, 4, &[300], 0, 0.0, 1),
             // a group of 16 over 2 KV heads: 2 blocks per KV head
             c(32, 2, &[600, 3], 0, 0.0, 8),
+            // Qwen3-MoE's group of 8, with a window and a softcap (both entries)
+            c(32, 4, &[700, 50], 300, 30.0, 4),
         ],
         256 => vec![
             c(16, 8, &[1500, 700], 1024, 50.0, 6),
@@ -109,8 +114,14 @@ impl KernelCheck for AttnDecodeCheck {
     fn covers(&self, key: &KernelKey) -> bool {
         key.op == Op::AttnDecode
     }
-    fn bound(&self, _: &KernelKey) -> f64 {
-        2e-3 // f32 with __expf against f64 (measured ~5e-7 max-abs/max-ref on H200)
+    fn bound(&self, key: &KernelKey) -> f64 {
+        if decode_key_has_mma(key) {
+            // the tensor-core entry rounds q and the probabilities to f16 (2^-11 relative each;
+            // measured 9.8e-4 max-abs/max-ref on H200 over the cases below)
+            4e-3
+        } else {
+            2e-3 // f32 with __expf against f64 (measured ~5e-7 max-abs/max-ref on H200)
+        }
     }
     fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
         let d = spec.key.head_dim.value().unwrap_or(0) as usize;
@@ -132,7 +143,7 @@ impl KernelCheck for AttnDecodeCheck {
             let q: Vec<f32> = (0..b * c.hq * d)
                 .map(|_| rng.random::<f32>() - 0.5)
                 .collect();
-            let p = AttnDecodeLaunch {
+            let mut p = AttnDecodeLaunch {
                 batch: b,
                 hq: c.hq,
                 hkv: c.hkv,
@@ -149,6 +160,7 @@ impl KernelCheck for AttnDecodeCheck {
                 v_scale: 1.5,
                 softcap: c.softcap,
                 window: c.window,
+                entry: DecodeEntry::Scalar,
             };
             let mut want = Vec::new();
             for (s, &len) in c.lens.iter().enumerate() {
@@ -186,38 +198,50 @@ impl KernelCheck for AttnDecodeCheck {
             let (dq, dk, dv) = (cx.dev.upload(&q)?, cx.dev.upload(&kc)?, cx.dev.upload(&vc)?);
             let (dbt, dl) = (cx.dev.upload(&order)?, cx.dev.upload(&qpos)?);
             let scratch = cx.dev.attn_scratch(&p, d)?;
-            let out = cx.dev.filled_f32(b * c.hq * d, f32::NAN)?;
             let dev = cx.dev;
-            let launch = || {
-                dev.attn_decode(
-                    spec,
-                    &p,
-                    DevPtr::of(&dq),
-                    DevPtr::of(&dk),
-                    DevPtr::of(&dv),
-                    DevPtr::of(&dbt),
-                    DevPtr::of(&dl),
-                    DevPtr::of(&scratch.part_o),
-                    DevPtr::of(&scratch.part_ml),
-                    DevPtr::of(&out),
-                    DevPtr::of(&scratch.counters),
-                )
-            };
-            let zeros = vec![0f32; scratch.counters.len()];
-            for _ in 0..2 {
-                launch()?;
-                cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
-                let counters: Vec<f32> = cx
-                    .dev
-                    .download(&scratch.counters)?
-                    .iter()
-                    .map(|&v| v as f32)
-                    .collect();
-                cmp = cmp.merge(Comparison::new(&counters, &zeros));
+            // every entry of the instance (scalar, and tensor-core where it has one); the
+            // timing is the default entry's
+            let mut entries = vec![DecodeEntry::Scalar];
+            if decode_has_mma(spec) {
+                entries.push(DecodeEntry::Mma);
             }
-            if ci == 0 {
-                micros = time_us(dev, cx.iters, launch)?;
-                cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
+            entries.push(DecodeEntry::Auto);
+            for entry in entries {
+                p.entry = entry;
+                let p = &p;
+                // a fresh NaN output per entry: no entry passes on another's results
+                let out = dev.filled_f32(b * c.hq * d, f32::NAN)?;
+                let launch = || {
+                    dev.attn_decode(
+                        spec,
+                        p,
+                        DevPtr::of(&dq),
+                        DevPtr::of(&dk),
+                        DevPtr::of(&dv),
+                        DevPtr::of(&dbt),
+                        DevPtr::of(&dl),
+                        DevPtr::of(&scratch.part_o),
+                        DevPtr::of(&scratch.part_ml),
+                        DevPtr::of(&out),
+                        DevPtr::of(&scratch.counters),
+                    )
+                };
+                let zeros = vec![0f32; scratch.counters.len()];
+                for _ in 0..2 {
+                    launch()?;
+                    cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
+                    let counters: Vec<f32> = cx
+                        .dev
+                        .download(&scratch.counters)?
+                        .iter()
+                        .map(|&v| v as f32)
+                        .collect();
+                    cmp = cmp.merge(Comparison::new(&counters, &zeros));
+                }
+                if ci == 0 && entry == DecodeEntry::Auto {
+                    micros = time_us(dev, cx.iters, launch)?;
+                    cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
+                }
             }
         }
         Ok(Measured { cmp, micros })

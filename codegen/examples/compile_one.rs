@@ -1,0 +1,29 @@
+//! Dev tool: render every instance whose entry name contains the first argument and compile it
+//! with NVRTC, printing ptxas-free PTX stats (lines, mma count) or the compile log.
+//! `cargo run -p codegen --example compile_one -- attn_decode_fp8_e4m3_hd128_sm_90a [out.ptx]`
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let pat = args.get(1).cloned().unwrap_or_default();
+    let dir = codegen::default_templates_dir();
+    let all = codegen::render_all(&dir).expect("render");
+    for (inst, src) in all {
+        let name = inst.name().to_string();
+        if !name.contains(&pat) {
+            continue;
+        }
+        match codegen::ptx::compile(&name, &src, inst.key.arch) {
+            Ok(ptx) => {
+                println!(
+                    "{name}: {} lines, {} mma, {} entries",
+                    ptx.lines().count(),
+                    ptx.matches("mma.sync").count(),
+                    ptx.matches(".entry").count()
+                );
+                if let Some(out) = args.get(2) {
+                    std::fs::write(out, &ptx).expect("write");
+                }
+            }
+            Err(e) => println!("{name}: FAILED {e}"),
+        }
+    }
+}
