@@ -150,10 +150,13 @@ pub fn run<B: Backend>(
         );
     }
     let mut rng = super::synth::Rng::new(plan.seed);
-    // warm-up: kernels loaded, pools filled
+    // warm-up: kernels loaded (and JIT-compiled by the driver on a machine's first run), pools
+    // filled: a prefill as long as the shortest measured prompt (at most 512 tokens: prefill
+    // kernels can differ by length) and a few decode steps
     {
+        let warm = plan.prompt_lens.iter().copied().min().unwrap_or(16).clamp(16, 512);
         let mut s = model.clone().new_session();
-        let l = s.forward(&ids(16, info.vocab_size, &mut rng), false)?;
+        let l = s.forward(&ids(warm, info.vocab_size, &mut rng), false)?;
         let mut t = argmax(&l);
         for _ in 0..4 {
             t = argmax(&s.forward(&[t], false)?);
