@@ -154,7 +154,13 @@ pub fn run<B: Backend>(
     // filled: a prefill as long as the shortest measured prompt (at most 512 tokens: prefill
     // kernels can differ by length) and a few decode steps
     {
-        let warm = plan.prompt_lens.iter().copied().min().unwrap_or(16).clamp(16, 512);
+        let warm = plan
+            .prompt_lens
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(16)
+            .clamp(16, 512);
         let mut s = model.clone().new_session();
         let l = s.forward(&ids(warm, info.vocab_size, &mut rng), false)?;
         let mut t = argmax(&l);

@@ -62,15 +62,21 @@ pub enum DecodeEntry {
     Mma,
 }
 
-/// Whether an instance has the tensor-core entry `__mma` (ops/attn_decode renders it for head
-/// dim 128 on sm_89+: mma.sync f16 with exact FP8/F16 -> f16 conversions of the cache).
+/// Whether an instance has the tensor-core entry `__mma` (ops/attn_decode renders it on sm_89+
+/// for head dim 128, and 256 over FP8: mma.sync f16 with exact FP8/F16 -> f16 conversions of
+/// the cache).
 pub fn decode_has_mma(spec: &KernelSpec) -> bool {
     decode_key_has_mma(&spec.key)
 }
 
 /// [`decode_has_mma`] by key.
 pub fn decode_key_has_mma(key: &KernelKey) -> bool {
-    key.op == Op::AttnDecode && key.head_dim.value() == Some(128) && key.arch.sm() >= 89
+    let dim_ok = match key.head_dim.value() {
+        Some(128) => true,
+        Some(256) => key.quant == Quant::Fp8E4m3,
+        _ => false,
+    };
+    key.op == Op::AttnDecode && dim_ok && key.arch.sm() >= 89
 }
 
 /// The entry [`DecodeEntry::Auto`] runs: `__mma` where the instance has it, unless
