@@ -330,3 +330,23 @@ impl CudaDevice {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::decode_key_has_mma;
+    use crate::kernels::{Op, KERNELS};
+
+    /// The launcher's rule names exactly the decode-attention instances whose rendered source
+    /// has the `__mma` entry (the template decides by head dim, cache type and arch).
+    #[test]
+    fn mma_rule_matches_the_rendered_entries() {
+        let mut with = 0;
+        for spec in KERNELS.iter().filter(|s| s.key.op == Op::AttnDecode) {
+            let rendered = spec.source.contains(&format!("{}__mma(", spec.name));
+            assert_eq!(decode_key_has_mma(&spec.key), rendered, "{}", spec.name);
+            with += rendered as usize;
+        }
+        // head dim 128 (FP8 and F16) and 256 (FP8) on sm_90a and sm_121a
+        assert!(with >= 6, "{with} instances with a tensor-core entry");
+    }
+}
