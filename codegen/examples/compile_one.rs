@@ -1,6 +1,7 @@
 //! Dev tool: render every instance whose entry name contains the first argument and compile it
 //! with NVRTC, printing ptxas-free PTX stats (lines, mma count) or the compile log.
 //! `cargo run -p codegen --example compile_one -- attn_decode_fp8_e4m3_hd128_sm_90a [out.ptx]`
+//! An output path ending in `.cu` receives the rendered CUDA source instead of the PTX.
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let pat = args.get(1).cloned().unwrap_or_default();
@@ -9,6 +10,11 @@ fn main() {
     for (inst, src) in all {
         let name = inst.name().to_string();
         if !name.contains(&pat) {
+            continue;
+        }
+        if let Some(out) = args.get(2).filter(|o| o.ends_with(".cu")) {
+            std::fs::write(out, &src).expect("write");
+            println!("{name}: source written to {out}");
             continue;
         }
         match codegen::ptx::compile(&name, &src, inst.key.arch) {

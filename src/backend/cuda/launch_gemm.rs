@@ -25,6 +25,9 @@ fn int(op: &'static str, what: &str, v: usize) -> Result<i32, CudaError> {
 
 /// K elements per pipeline stage of `gemm_pipe` (BK in the template).
 pub const GEMM_PIPE_BK: usize = 32;
+/// K elements per stage and stages of the wgmma entries (WBK, WSTAGES in the template).
+const WG_BK: usize = 64;
+const WG_STAGES: usize = 4;
 
 /// A tile shape of `gemm_pipe` (one entry of its module each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -40,15 +43,21 @@ pub enum GemmTile {
     /// 128 x 128, 8 warps: 2 x 2 of 64 x 64, each k16 step of a K step on its own 4 warps,
     /// partial sums added at the end (`__k2`).
     T128x128K2,
+    /// 128 x 128, 2 warpgroups of 64 x 128 on wgmma, BK 64, 4 stages (`__wg`; sm_90a only).
+    Wg128x128,
+    /// 128 x 256, 2 warpgroups of 64 x 256 on wgmma, BK 64, 4 stages (`__wg256`; sm_90a only).
+    Wg128x256,
 }
 
 impl GemmTile {
-    pub const ALL: [GemmTile; 5] = [
+    pub const ALL: [GemmTile; 7] = [
         GemmTile::T128x128W4,
         GemmTile::T128x128W8,
         GemmTile::T128x256,
         GemmTile::T64x128,
         GemmTile::T128x128K2,
+        GemmTile::Wg128x128,
+        GemmTile::Wg128x256,
     ];
 
     /// Entry suffix in the module (None: the main entry).
@@ -59,6 +68,8 @@ impl GemmTile {
             GemmTile::T128x256 => Some("n256"),
             GemmTile::T64x128 => Some("m64"),
             GemmTile::T128x128K2 => Some("k2"),
+            GemmTile::Wg128x128 => Some("wg"),
+            GemmTile::Wg128x256 => Some("wg256"),
         }
     }
 
@@ -70,6 +81,8 @@ impl GemmTile {
             GemmTile::T128x256 => "128x256",
             GemmTile::T64x128 => "64x128",
             GemmTile::T128x128K2 => "128x128k2",
+            GemmTile::Wg128x128 => "wg128x128",
+            GemmTile::Wg128x256 => "wg128x256",
         }
     }
 
@@ -85,6 +98,8 @@ impl GemmTile {
             GemmTile::T128x256 => (128, 256, 256),
             GemmTile::T64x128 => (64, 128, 128),
             GemmTile::T128x128K2 => (128, 128, 256),
+            GemmTile::Wg128x128 => (128, 128, 256),
+            GemmTile::Wg128x256 => (128, 256, 256),
         }
     }
 
@@ -95,9 +110,18 @@ impl GemmTile {
             .unwrap_or_default()
     }
 
-    /// Dynamic shared memory of one CTA: `stages` x (BM + BN) rows of BK bf16.
+    /// Whether the entry is a warpgroup-MMA one (rendered for sm_90a only).
+    pub fn wgmma(self) -> bool {
+        matches!(self, GemmTile::Wg128x128 | GemmTile::Wg128x256)
+    }
+
+    /// Dynamic shared memory of one CTA: `stages` x (BM + BN) rows of BK bf16; the wgmma
+    /// entries have their own 4 stages of 64-element rows, plus 1 KB to align them to 1024 bytes.
     pub fn smem_bytes(self, stages: usize) -> usize {
         let (bm, bn, _) = self.dims();
+        if self.wgmma() {
+            return WG_STAGES * (bm + bn) * WG_BK * 2 + 1024;
+        }
         stages * (bm + bn) * GEMM_PIPE_BK * 2
     }
 }
@@ -116,6 +140,10 @@ pub fn tile_efficiency(tile: GemmTile) -> f64 {
         GemmTile::T128x128W8 => 0.82,
         GemmTile::T64x128 => 0.76,
         GemmTile::T128x128K2 => 0.62,
+        // wgmma (sm_90a) against 128x256 mma.sync at M = 4096 (whole waves), same log family:
+        // 128x256 1.45-1.56x, 128x128 1.10-1.14x (docs/measurements/session6-h200-2026-11-30.md)
+        GemmTile::Wg128x256 => 1.45,
+        GemmTile::Wg128x128 => 1.1,
     }
 }
 
@@ -144,6 +172,13 @@ pub fn chunk_rows(out: usize, k: usize, cap: usize) -> usize {
     rows.min(max_rows).min(out.div_ceil(128) * 128)
 }
 
+/// Whether [`GemmPipe::pick`] may choose the wgmma tiles (`FUCINA_GEMM_WGMMA=0` keeps it to
+/// the mma.sync ones, for A/B measurements).
+fn wgmma_enabled() -> bool {
+    static E: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *E.get_or_init(|| std::env::var("FUCINA_GEMM_WGMMA").map_or(true, |v| v.trim() != "0"))
+}
+
 fn tile_override() -> Option<GemmTile> {
     static T: std::sync::OnceLock<Option<GemmTile>> = std::sync::OnceLock::new();
     *T.get_or_init(|| {
@@ -161,9 +196,9 @@ pub struct GemmPipe {
     pub stages: usize,
     /// Multiprocessors of the device.
     pub sms: u32,
-    fns: [Option<CudaFunction>; 5],
+    fns: [Option<CudaFunction>; 7],
     /// CTAs of each tile resident per SM (the driver's occupancy calculator).
-    occ: [u32; 5],
+    occ: [u32; 7],
 }
 
 impl GemmPipe {
@@ -187,9 +222,10 @@ impl GemmPipe {
         if let Some(t) = tile_override().filter(|&t| self.has(t)) {
             return Some(t);
         }
+        let wg = wgmma_enabled();
         GemmTile::ALL
             .into_iter()
-            .filter(|&t| self.has(t))
+            .filter(|&t| self.has(t) && (wg || !t.wgmma()))
             .min_by(|&a, &b| {
                 let ca = tile_cost(a, m, n, self.sms, self.occupancy(a));
                 let cb = tile_cost(b, m, n, self.sms, self.occupancy(b));
@@ -225,11 +261,11 @@ impl CudaDevice {
             .map_err(drv("reading the shared memory limit".to_string()))?
             .max(0) as usize;
         let sms = self.sm_count()?;
-        let mut fns: [Option<CudaFunction>; 5] = Default::default();
-        let mut occ = [0u32; 5];
+        let mut fns: [Option<CudaFunction>; 7] = Default::default();
+        let mut occ = [0u32; 7];
         for t in GemmTile::ALL {
             let smem = t.smem_bytes(stages);
-            if smem > optin {
+            if smem > optin || (t.wgmma() && !spec.key.arch.has_wgmma()) {
                 continue;
             }
             let f = match t.suffix() {
@@ -435,6 +471,9 @@ mod tests {
         assert_eq!(GemmTile::T128x256.smem_bytes(4), 96 * 1024);
         assert_eq!(GemmTile::T128x128K2.smem_bytes(3), 48 * 1024);
         assert_eq!(GemmTile::T128x128W4.smem_bytes(3), 48 * 1024);
+        // wgmma entries: 4 stages of (BM + BN) x 64 bf16 + 1 KB of alignment slack
+        assert_eq!(GemmTile::Wg128x128.smem_bytes(4), 128 * 1024 + 1024);
+        assert_eq!(GemmTile::Wg128x256.smem_bytes(3), 192 * 1024 + 1024);
         // the sm_121a instance (3 stages) fits two 128x128 CTAs in 100 KB
         assert!(2 * GemmTile::T128x128W4.smem_bytes(3) <= 100 * 1024);
     }
@@ -445,12 +484,14 @@ mod tests {
         // H200-like: 132 SMs; occupancy 2 (128x128 w4), 1 (w8, 128x256), 3 (64x128)
         let occ = |t: GemmTile| match t {
             T128x128W4 => 2,
-            T128x128W8 | T128x256 | T128x128K2 => 1,
+            T128x128W8 | T128x256 | T128x128K2 | Wg128x128 | Wg128x256 => 1,
             T64x128 => 3,
         };
+        // sm_80 / sm_121a: the mma.sync tiles only
         let best = |m: usize, n: usize| {
             GemmTile::ALL
                 .into_iter()
+                .filter(|t| !t.wgmma())
                 .min_by(|&a, &b| {
                     tile_cost(a, m, n, 132, occ(a)).total_cmp(&tile_cost(b, m, n, 132, occ(b)))
                 })
@@ -466,6 +507,23 @@ mod tests {
         assert_eq!(best(4096, 24576), T128x256);
         // a few rows: 64-row tiles
         assert_eq!(best(17, 4096), T64x128);
+        // sm_90a: the wgmma tiles, as measured at M = 512 (docs/measurements/session6-h200-
+        // 2026-11-30.md: 128x256 for N = 6144 / 24576 / 30720, 128x128 for N = 4096 / 3840)
+        let best_wg = |m: usize, n: usize| {
+            GemmTile::ALL
+                .into_iter()
+                .min_by(|&a, &b| {
+                    tile_cost(a, m, n, 132, occ(a)).total_cmp(&tile_cost(b, m, n, 132, occ(b)))
+                })
+                .unwrap()
+        };
+        assert_eq!(best_wg(512, 6144), Wg128x256);
+        assert_eq!(best_wg(512, 24576), Wg128x256);
+        assert_eq!(best_wg(512, 30720), Wg128x256);
+        assert_eq!(best_wg(512, 4096), Wg128x128);
+        assert_eq!(best_wg(512, 3840), Wg128x128);
+        assert_eq!(best_wg(4096, 24576), Wg128x256);
+        assert_eq!(best_wg(17, 4096), T64x128);
         // cost grows with the work
         assert!(
             tile_cost(T128x128W4, 1024, 4096, 132, 2) > tile_cost(T128x128W4, 512, 4096, 132, 2)
