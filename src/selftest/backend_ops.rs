@@ -223,7 +223,8 @@ fn linear_cases(cx: &mut Ctx) {
 }
 
 /// `linear` through `gemm_pipe` with a 1 MiB weight scratch: 1000 outputs of 1024 inputs run
-/// as two chunks of 512 rows (the second partial), 300 rows of x (a partial M tile).
+/// as two chunks of 512 rows (the second partial), 300 rows of x (a partial M tile); then
+/// `linear` itself on a 512 x 4096 x 512 product (the wgmma tile's shape on sm_90a).
 fn linear_pipe_cases(cx: &mut Ctx) {
     let (out, k, n) = (1000usize, 1024usize, 300usize);
     for ty in [
@@ -243,6 +244,26 @@ fn linear_pipe_cases(cx: &mut Ctx) {
             let (gw, cw) = (cx.gpu.upload(&r)?, cx.cpu.upload(&r)?);
             let (gx, cxt) = cx.t2(&x, n, k)?;
             let got = host(&cx.gpu, &cx.gpu.linear_gemm_pipe(&gx, &gw, 1 << 20)?)?;
+            let want = cx.cpu.linear(&cxt, &cw)?.data;
+            Ok((got, want))
+        });
+    }
+    // a prompt-sized product (512 rows x 4096 outputs, one chunk): the shape where the tile
+    // model picks the 128 x 128 wgmma entry on sm_90a (mma.sync tiles elsewhere)
+    let (out, k, n) = (4096usize, 512usize, 512usize);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4K] {
+        let name = format!(
+            "linear {} n={n} ({out}x{k}) gemm_pipe, one chunk",
+            ty.name()
+        );
+        let x = uniform(&mut cx.rng, n * k, -1.0, 1.0);
+        let w = random_weights(ty, out, k, &mut cx.rng);
+        cx.case(name, 3e-2, |cx| {
+            let w = w?;
+            let r = tref("w", ty, vec![out, k], &w);
+            let (gw, cw) = (cx.gpu.upload(&r)?, cx.cpu.upload(&r)?);
+            let (gx, cxt) = cx.t2(&x, n, k)?;
+            let got = host(&cx.gpu, &cx.gpu.linear(&gx, &gw)?)?;
             let want = cx.cpu.linear(&cxt, &cw)?.data;
             Ok((got, want))
         });
