@@ -364,7 +364,12 @@ mod tests {
             let g = gemv_s2_grid(bs1(q), 1 << 20, 132, smem) as usize;
             assert!(g * smem <= 132 * 227 * 1024 && g >= 2 * 132, "{q}: {g}");
         }
-        assert_eq!(gemv_s2_smem(bs1(Quant::Q8_0)), None);
+        // Q8_0: 2 rows per warp step, 64-block chunks (2176 bytes = 136 copies + 1)
+        let q8 = bs1(Quant::Q8_0);
+        let smem = gemv_s2_smem(q8).expect("multi-row instance");
+        assert_eq!(smem, 4 * 2 * 2 * (137 * 16 + 16));
+        assert_eq!(gemv_s2_grid(q8, 4096, 132, smem), 512);
+        assert_eq!(gemv_s2_smem(bs1(Quant::Q5_0)), None);
     }
 
     /// The default rule picks `__s2` for rows of at least 3 chunks only: Qwen3-8B's down projection
