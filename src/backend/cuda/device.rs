@@ -209,6 +209,34 @@ impl CudaDevice {
             .map_err(drv(format!("finding {name}")))
     }
 
+    /// The main entry of `spec` with its dynamic shared memory limit raised to `smem` bytes,
+    /// configured once per instance (`smem` must not change).
+    pub fn function_smem(
+        &self,
+        spec: &'static KernelSpec,
+        smem: usize,
+    ) -> Result<CudaFunction, CudaError> {
+        let key = (spec.key, "");
+        if let Some(f) = self
+            .functions_smem
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return Ok(f);
+        }
+        let f = self.function(spec)?;
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(drv(format!("raising {} shared memory to {smem} bytes", spec.name)))?;
+        if let Ok(mut m) = self.functions_smem.lock() {
+            m.insert(key, f.clone());
+        }
+        Ok(f)
+    }
+
     /// [`Self::function_suffixed`] with its dynamic shared memory limit raised to `smem` bytes,
     /// loaded and configured once per (instance, suffix); `smem` must not change per suffix.
     pub fn function_suffixed_smem(

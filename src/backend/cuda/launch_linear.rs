@@ -87,6 +87,21 @@ pub fn gemv_s2_smem(spec: &KernelSpec) -> Option<usize> {
     Some(4 * 2 * rows * (units * 16 + 16))
 }
 
+/// Dynamic shared memory of a GEMV instance's main entry when it has `dyn_smem = 1` (4 warps x
+/// `stages` x `rows` x SBYTES, as [`gemv_s2_smem`] with the instance's stages); None when the
+/// main entry uses static shared memory.
+pub fn gemv_main_smem(spec: &KernelSpec) -> Option<usize> {
+    if spec.key.op != Op::Gemv || spec.param_u32("dyn_smem") != Some(1) {
+        return None;
+    }
+    let rows = spec.param_u32("rows").unwrap_or(1).max(1) as usize;
+    let stages = spec.param_u32("stages").unwrap_or(2).max(1) as usize;
+    let (_, bb) = weight_block(spec.key.quant)?;
+    let cb = gemv_chunk_blocks(spec)?;
+    let units = (cb * bb).div_ceil(16) + 1;
+    Some(4 * stages * rows * (units * 16 + 16))
+}
+
 /// Which GEMV entry streams an `[n, k]` matrix: `__s2` (two whole-chunk buffers per warp) when
 /// the instance has one and `FUCINA_GEMV_S2` says so: `always`, `never`, or by default (`long`)
 /// for rows of at least 3 chunks, whose warps gain from computing one chunk while the next
@@ -370,6 +385,18 @@ mod tests {
         assert_eq!(smem, 4 * 2 * 2 * (137 * 16 + 16));
         assert_eq!(gemv_s2_grid(q8, 4096, 132, smem), 512);
         assert_eq!(gemv_s2_smem(bs1(Quant::Q5_0)), None);
+    }
+
+    /// The Q6_K batch-1 instance keeps whole 16-block chunks in dynamic shared memory (16 x 210
+    /// bytes = 210 copies + 1, + 16 bytes, x 4 rows x 1 stage x 4 warps = 53 KB: over the static
+    /// 48 KB, 4 blocks still fit an H200 SM); the other instances use static shared memory.
+    #[test]
+    fn main_entry_dynamic_smem() {
+        let smem = gemv_main_smem(bs1(Quant::Q6K)).expect("dyn_smem instance");
+        assert_eq!(smem, 4 * 4 * (211 * 16 + 16));
+        assert!(smem > 48 * 1024 && 4 * smem <= 227 * 1024);
+        assert_eq!(gemv_main_smem(bs1(Quant::Q4_0)), None);
+        assert_eq!(gemv_main_smem(bs1(Quant::Q8_0)), None);
     }
 
     /// The default rule picks `__s2` for rows of at least 3 chunks only: Qwen3-8B's down projection

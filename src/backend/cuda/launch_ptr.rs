@@ -12,7 +12,8 @@ use super::buf::DevPtr;
 use super::error::{drv, CudaError};
 use super::launch::RopeLaunch;
 use super::launch_linear::{
-    gemv_default_grid, gemv_s2_grid, gemv_s2_smem, gemv_use_s2, weight_block, GemvEntry,
+    gemv_default_grid, gemv_main_smem, gemv_s2_grid, gemv_s2_smem, gemv_use_s2, weight_block,
+    GemvEntry,
 };
 use super::types::Q8Ptrs;
 use super::CudaDevice;
@@ -672,6 +673,8 @@ impl CudaDevice {
             GemvEntry::Main(grid) => grid,
             GemvEntry::Auto => None,
         };
+        // a main entry over 48 KB of chunk buffers takes them as dynamic shared memory
+        let smem = gemv_main_smem(kn.spec);
         let cfg = LaunchConfig {
             grid_dim: (
                 grid.unwrap_or_else(|| gemv_default_grid(kn.spec, n, sms))
@@ -680,8 +683,15 @@ impl CudaDevice {
                 1,
             ),
             block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem.unwrap_or(0) as u32,
         };
+        if let Some(smem) = smem {
+            let main = Kern {
+                spec: kn.spec,
+                f: self.function_smem(kn.spec, smem)?,
+            };
+            return self.go(&main, cfg, &[&wp, &xp, &qp, &dp, &yp, &n32, &k32]);
+        }
         self.go(kn, cfg, &[&wp, &xp, &qp, &dp, &yp, &n32, &k32])
     }
 
