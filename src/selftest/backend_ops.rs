@@ -226,7 +226,6 @@ fn linear_cases(cx: &mut Ctx) {
 /// as two chunks of 512 rows (the second partial), 300 rows of x (a partial M tile); then
 /// `linear` itself on a 512 x 4096 x 512 product (the wgmma tile's shape on sm_90a).
 fn linear_pipe_cases(cx: &mut Ctx) {
-    let (out, k, n) = (1000usize, 1024usize, 300usize);
     for ty in [
         GgmlType::BF16,
         GgmlType::Q8_0,
@@ -235,39 +234,44 @@ fn linear_pipe_cases(cx: &mut Ctx) {
         GgmlType::Q4K,
         GgmlType::Q6K,
     ] {
-        let name = format!("linear {} n={n} ({out}x{k}) gemm_pipe, 2 chunks", ty.name());
-        let x = uniform(&mut cx.rng, n * k, -1.0, 1.0);
-        let w = random_weights(ty, out, k, &mut cx.rng);
-        cx.case(name, 3e-2, |cx| {
-            let w = w?;
-            let r = tref("w", ty, vec![out, k], &w);
-            let (gw, cw) = (cx.gpu.upload(&r)?, cx.cpu.upload(&r)?);
-            let (gx, cxt) = cx.t2(&x, n, k)?;
-            let got = host(&cx.gpu, &cx.gpu.linear_gemm_pipe(&gx, &gw, 1 << 20)?)?;
-            let want = cx.cpu.linear(&cxt, &cw)?.data;
-            Ok((got, want))
-        });
+        pipe_case(cx, ty, (1000, 1024, 300), Some(1 << 20));
     }
     // a prompt-sized product (512 rows x 4096 outputs, one chunk): the shape where the tile
     // model picks the 128 x 128 wgmma entry on sm_90a (mma.sync tiles elsewhere)
-    let (out, k, n) = (4096usize, 512usize, 512usize);
     for ty in [GgmlType::Q4_0, GgmlType::Q4K] {
-        let name = format!(
+        pipe_case(cx, ty, (4096, 512, 512), None);
+    }
+}
+
+/// `x [n, k] . w [out, k]^T` on the GPU against the CPU: through `linear_gemm_pipe` with
+/// `scratch` bytes of weight scratch, or through `linear` itself (None).
+fn pipe_case(
+    cx: &mut Ctx,
+    ty: GgmlType,
+    (out, k, n): (usize, usize, usize),
+    scratch: Option<usize>,
+) {
+    let name = match scratch {
+        Some(_) => format!("linear {} n={n} ({out}x{k}) gemm_pipe, 2 chunks", ty.name()),
+        None => format!(
             "linear {} n={n} ({out}x{k}) gemm_pipe, one chunk",
             ty.name()
-        );
-        let x = uniform(&mut cx.rng, n * k, -1.0, 1.0);
-        let w = random_weights(ty, out, k, &mut cx.rng);
-        cx.case(name, 3e-2, |cx| {
-            let w = w?;
-            let r = tref("w", ty, vec![out, k], &w);
-            let (gw, cw) = (cx.gpu.upload(&r)?, cx.cpu.upload(&r)?);
-            let (gx, cxt) = cx.t2(&x, n, k)?;
-            let got = host(&cx.gpu, &cx.gpu.linear(&gx, &gw)?)?;
-            let want = cx.cpu.linear(&cxt, &cw)?.data;
-            Ok((got, want))
-        });
-    }
+        ),
+    };
+    let x = uniform(&mut cx.rng, n * k, -1.0, 1.0);
+    let w = random_weights(ty, out, k, &mut cx.rng);
+    cx.case(name, 3e-2, |cx| {
+        let w = w?;
+        let r = tref("w", ty, vec![out, k], &w);
+        let (gw, cw) = (cx.gpu.upload(&r)?, cx.cpu.upload(&r)?);
+        let (gx, cxt) = cx.t2(&x, n, k)?;
+        let got = match scratch {
+            Some(cap) => host(&cx.gpu, &cx.gpu.linear_gemm_pipe(&gx, &gw, cap)?)?,
+            None => host(&cx.gpu, &cx.gpu.linear(&gx, &gw)?)?,
+        };
+        let want = cx.cpu.linear(&cxt, &cw)?.data;
+        Ok((got, want))
+    });
 }
 
 fn embed_cases(cx: &mut Ctx) {

@@ -216,25 +216,7 @@ impl CudaDevice {
         spec: &'static KernelSpec,
         smem: usize,
     ) -> Result<CudaFunction, CudaError> {
-        let key = (spec.key, "");
-        if let Some(f) = self
-            .functions_smem
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&key).cloned())
-        {
-            return Ok(f);
-        }
-        let f = self.function(spec)?;
-        f.set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(drv(format!("raising {} shared memory to {smem} bytes", spec.name)))?;
-        if let Ok(mut m) = self.functions_smem.lock() {
-            m.insert(key, f.clone());
-        }
-        Ok(f)
+        self.smem_raised(spec, "", smem, || self.function(spec))
     }
 
     /// [`Self::function_suffixed`] with its dynamic shared memory limit raised to `smem` bytes,
@@ -245,6 +227,18 @@ impl CudaDevice {
         suffix: &'static str,
         smem: usize,
     ) -> Result<CudaFunction, CudaError> {
+        self.smem_raised(spec, suffix, smem, || self.function_suffixed(spec, suffix))
+    }
+
+    /// The entry `load` gives (suffix "" = the main one), its dynamic shared memory limit raised
+    /// to `smem` bytes, cached per (instance, suffix).
+    fn smem_raised(
+        &self,
+        spec: &'static KernelSpec,
+        suffix: &'static str,
+        smem: usize,
+        load: impl FnOnce() -> Result<CudaFunction, CudaError>,
+    ) -> Result<CudaFunction, CudaError> {
         let key = (spec.key, suffix);
         if let Some(f) = self
             .functions_smem
@@ -254,12 +248,15 @@ impl CudaDevice {
         {
             return Ok(f);
         }
-        let f = self.function_suffixed(spec, suffix)?;
+        let f = load()?;
         f.set_attribute(
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem as i32,
         )
-        .map_err(drv(format!("raising {}__{suffix} shared memory to {smem} bytes", spec.name)))?;
+        .map_err(drv(format!(
+            "raising {} {suffix} shared memory to {smem} bytes",
+            spec.name
+        )))?;
         if let Ok(mut m) = self.functions_smem.lock() {
             m.insert(key, f.clone());
         }
