@@ -457,6 +457,51 @@ impl CudaDevice {
     }
 }
 
+impl CudaDevice {
+    /// `c [m][n] = a [m][k] . w[n][k]^T` over float weights (f32 or f16 by the instance) in f32
+    /// on CUDA cores (`ops/gemm_f32`): any shape, 32 x 32 output tiles.
+    pub fn gemm_f32_ptr(
+        &self,
+        kn: &Kern,
+        a: DevPtr<f32>,
+        w: DevPtr<u8>,
+        c: DevPtr<f32>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), CudaError> {
+        const OP: &str = "gemm_f32";
+        const TILE: usize = 32;
+        expect(kn, &[Op::GemmF32], OP)?;
+        let elem = match kn.spec.key.quant {
+            Quant::F32 => 4,
+            Quant::F16 => 2,
+            q => return Err(invalid(OP, format!("no gemm_f32 for {q}"))),
+        };
+        if m == 0 || n == 0 || k == 0 {
+            return Err(invalid(OP, format!("empty shape m={m} n={n} k={k}")));
+        }
+        if a.len() < m * k || w.len() < n * k * elem || c.len() < m * n {
+            return Err(invalid(
+                OP,
+                format!(
+                    "a {} / w {} bytes / c {} too small for m={m} n={n} k={k}",
+                    a.len(),
+                    w.len(),
+                    c.len()
+                ),
+            ));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, n.div_ceil(TILE))?, grid(OP, m.div_ceil(TILE))?, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ap, wp, cp) = (a.raw(), w.raw(), c.raw());
+        let (mi, ni, ki) = (int(OP, "m", m)?, int(OP, "n", n)?, int(OP, "k", k)?);
+        // (const float* A, const u8* W, float* C, int M, int N, int K)
+        self.go(kn, cfg, &[&ap, &wp, &cp, &mi, &ni, &ki])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -528,50 +573,5 @@ mod tests {
         assert!(
             tile_cost(T128x128W4, 1024, 4096, 132, 2) > tile_cost(T128x128W4, 512, 4096, 132, 2)
         );
-    }
-}
-
-impl CudaDevice {
-    /// `c [m][n] = a [m][k] . w[n][k]^T` over float weights (f32 or f16 by the instance) in f32
-    /// on CUDA cores (`ops/gemm_f32`): any shape, 32 x 32 output tiles.
-    pub fn gemm_f32_ptr(
-        &self,
-        kn: &Kern,
-        a: DevPtr<f32>,
-        w: DevPtr<u8>,
-        c: DevPtr<f32>,
-        (m, n, k): (usize, usize, usize),
-    ) -> Result<(), CudaError> {
-        const OP: &str = "gemm_f32";
-        const TILE: usize = 32;
-        expect(kn, &[Op::GemmF32], OP)?;
-        let elem = match kn.spec.key.quant {
-            Quant::F32 => 4,
-            Quant::F16 => 2,
-            q => return Err(invalid(OP, format!("no gemm_f32 for {q}"))),
-        };
-        if m == 0 || n == 0 || k == 0 {
-            return Err(invalid(OP, format!("empty shape m={m} n={n} k={k}")));
-        }
-        if a.len() < m * k || w.len() < n * k * elem || c.len() < m * n {
-            return Err(invalid(
-                OP,
-                format!(
-                    "a {} / w {} bytes / c {} too small for m={m} n={n} k={k}",
-                    a.len(),
-                    w.len(),
-                    c.len()
-                ),
-            ));
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (grid(OP, n.div_ceil(TILE))?, grid(OP, m.div_ceil(TILE))?, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (ap, wp, cp) = (a.raw(), w.raw(), c.raw());
-        let (mi, ni, ki) = (int(OP, "m", m)?, int(OP, "n", n)?, int(OP, "k", k)?);
-        // (const float* A, const u8* W, float* C, int M, int N, int K)
-        self.go(kn, cfg, &[&ap, &wp, &cp, &mi, &ni, &ki])
     }
 }
