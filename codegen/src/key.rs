@@ -135,6 +135,9 @@ key_enum! {
         Bf16 => "bf16",
         Q8_0 => "q8_0",
         Q4_0 => "q4_0",
+        /// Q4_0 repacked at upload (same bytes, per row: the 16-byte nibble blocks, then the f16
+        /// scales), so a warp loads whole blocks with aligned, coalesced 16-byte loads.
+        Q4_0R => "q4_0r",
         Q5_0 => "q5_0",
         Q4K => "q4_k",
         Q6K => "q6_k",

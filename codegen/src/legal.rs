@@ -11,6 +11,7 @@ const WEIGHT_FORMATS: &[Quant] = &[
     Quant::Bf16,
     Quant::Q8_0,
     Quant::Q4_0,
+    Quant::Q4_0R,
     Quant::Q5_0,
     Quant::Q4K,
     Quant::Q6K,
@@ -18,9 +19,19 @@ const WEIGHT_FORMATS: &[Quant] = &[
     Quant::NvFp4,
 ];
 
-/// Embedding-table formats the embed kernel dequantises (GGUF tables as stored; other formats
-/// are converted at upload): the GGUF formats.
-const EMBED_FORMATS: &[Quant] = GGUF_FORMATS;
+/// Embedding-table formats the embed kernel dequantises (GGUF tables as stored, or Q4_0
+/// repacked at upload: a tied LM head is the same weight; other formats are converted at upload).
+const EMBED_FORMATS: &[Quant] = &[
+    Quant::F32,
+    Quant::F16,
+    Quant::Bf16,
+    Quant::Q8_0,
+    Quant::Q4_0,
+    Quant::Q4_0R,
+    Quant::Q5_0,
+    Quant::Q4K,
+    Quant::Q6K,
+];
 
 /// GGUF formats the dp4a / float GEMV paths read (no FP8 / FP4 expert banks in GGUF files).
 const GGUF_FORMATS: &[Quant] = &[
@@ -164,6 +175,7 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
                     Quant::F16,
                     Quant::Q8_0,
                     Quant::Q4_0,
+                    Quant::Q4_0R,
                     Quant::Q5_0,
                     Quant::Q4K,
                     Quant::Q6K,

@@ -6,6 +6,7 @@
 
 pub mod fp;
 pub mod ggml;
+pub mod repack;
 
 pub use fp::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, f16_to_f32, f32_to_e4m3};
 pub use ggml::{dequantize, dequantize_row, GgmlType};

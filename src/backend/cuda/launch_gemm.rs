@@ -423,9 +423,15 @@ impl CudaDevice {
                 ),
             ));
         }
+        if q == Quant::Q4_0R && cols % crate::quant::repack::Q4_0R_COLS != 0 {
+            return Err(invalid(
+                OP,
+                format!("{q} rows of {cols} columns (need k % 256 == 0)"),
+            ));
+        }
         let align = match q {
             Quant::Q4K => 8,
-            Quant::F16 | Quant::F32 => 16,
+            Quant::F16 | Quant::F32 | Quant::Q4_0R => 16,
             _ => 2,
         };
         if w.raw() % align != 0 || y.raw() % 16 != 0 {
@@ -447,10 +453,11 @@ impl CudaDevice {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        let k32 = i32::try_from(cols).map_err(|_| invalid(OP, format!("{cols} columns")))?;
         let (wp, yp, gl) = (w.raw(), y.raw(), groups as i64);
         let mut b = self.stream().launch_builder(&k.f);
-        b.arg(&wp).arg(&yp).arg(&gl);
-        // SAFETY: matches ops/dequant_bf16 (const u8* W, u16* Y, long long groups); w holds the
+        b.arg(&wp).arg(&yp).arg(&gl).arg(&k32);
+        // SAFETY: matches ops/dequant_bf16 (const u8* W, u16* Y, long long groups, int cols); w holds the
         // blocks of `elems` elements and y `elems` values (checked above); alignment checked.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", k.spec.name)))?;
         Ok(())

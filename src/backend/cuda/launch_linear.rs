@@ -37,7 +37,7 @@ pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
         Quant::F16 | Quant::Bf16 => (1, 2),
         Quant::Fp8E4m3 => (1, 1),
         Quant::Q8_0 => (32, 34),
-        Quant::Q4_0 => (32, 18),
+        Quant::Q4_0 | Quant::Q4_0R => (32, 18),
         Quant::Q5_0 => (32, 22),
         Quant::Q4K => (256, 144),
         Quant::Q6K => (256, 210),
@@ -46,13 +46,15 @@ pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
 }
 
 /// Default GEMV grid for `sms` multiprocessors: one step of `rows` rows (the instance's `rows`
-/// param, 1 when absent) per warp, 4 warps per block; instances with `rows` > 1 are capped at 4
-/// blocks per SM (persistent warps walking several row groups), measured faster on the H200
+/// param, 1 when absent) per warp, 4 warps per block; staged instances with `rows` > 1 are
+/// capped at 4 blocks per SM (persistent warps walking several row groups), measured faster on the H200
 /// (12288 x 4096: Q4_0 12.0 vs 13.2 us, Q4_K 12.7 vs 13.4 us).
 pub fn gemv_default_grid(spec: &KernelSpec, n: usize, sms: u32) -> u32 {
     let rows = spec.param_u32("rows").unwrap_or(1).max(1) as usize;
     let grid = n.div_ceil(4 * rows).min(u32::MAX as usize) as u32;
-    if rows > 1 {
+    // the register-direct Q4_0R kernel runs best with one row group per warp (H200, probe
+    // benches/nvcc/gemv_q4_0_repacked.cu: 24576 x 4096 16.7 us uncapped vs 18.2 at 8 per SM)
+    if rows > 1 && spec.key.quant != Quant::Q4_0R {
         grid.min(4 * sms.max(1))
     } else {
         grid
@@ -397,6 +399,20 @@ mod tests {
         assert!(smem > 48 * 1024 && 4 * smem <= 227 * 1024);
         assert_eq!(gemv_main_smem(bs1(Quant::Q4_0)), None);
         assert_eq!(gemv_main_smem(bs1(Quant::Q8_0)), None);
+    }
+
+    /// The register-direct Q4_0R instance stages nothing (no `__s2`, no dynamic shared memory)
+    /// and gets one row group per warp, uncapped (the staged multi-row instances stop at 4
+    /// blocks per SM).
+    #[test]
+    fn q4_0r_grid_is_one_group_per_warp() {
+        let r = bs1(Quant::Q4_0R);
+        assert_eq!(r.param_u32("rows"), Some(2));
+        assert_eq!(gemv_s2_smem(r), None);
+        assert_eq!(gemv_main_smem(r), None);
+        assert!(!gemv_use_s2(r, 12288));
+        assert_eq!(gemv_default_grid(r, 24576, 132), 3072);
+        assert_eq!(gemv_default_grid(bs1(Quant::Q4_0), 24576, 132), 4 * 132);
     }
 
     /// The default rule picks `__s2` for rows of at least 3 chunks only: Qwen3-8B's down projection

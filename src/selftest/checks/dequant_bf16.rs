@@ -4,25 +4,12 @@
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::{CudaError, DevPtr, Kern};
-use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
+use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::gemm_ref::dequant_bf16;
 use crate::ops::qdot::random_weights;
 use crate::quant::{bf16_to_f32, GgmlType};
 
 pub struct DequantBf16Check;
-
-fn ggml(q: Quant) -> Option<GgmlType> {
-    Some(match q {
-        Quant::F32 => GgmlType::F32,
-        Quant::F16 => GgmlType::F16,
-        Quant::Q8_0 => GgmlType::Q8_0,
-        Quant::Q4_0 => GgmlType::Q4_0,
-        Quant::Q5_0 => GgmlType::Q5_0,
-        Quant::Q4K => GgmlType::Q4K,
-        Quant::Q6K => GgmlType::Q6K,
-        _ => return None,
-    })
-}
 
 /// Bits equal everywhere: 0; else the value metric, at least 1 (a signed zero or NaN payload
 /// that differs still fails).
@@ -51,8 +38,8 @@ impl KernelCheck for DequantBf16Check {
             op: "selftest",
             detail: e,
         };
-        let ty = ggml(spec.key.quant)
-            .ok_or_else(|| bad(format!("no GGUF type for {}", spec.key.quant)))?;
+        let q = spec.key.quant;
+        let (ty, _) = super::source_type(q).ok_or_else(|| bad(format!("no GGUF type for {q}")))?;
         let kern = Kern {
             spec,
             f: cx.dev.function(spec)?,
@@ -71,6 +58,7 @@ impl KernelCheck for DequantBf16Check {
                 wb[64 * 4..65 * 4].copy_from_slice(&(-0.0f32).to_le_bytes());
             }
             let want = dequant_bf16(ty, &wb, rows * k).map_err(|e| bad(e.to_string()))?;
+            let wb = super::device_layout(q, wb, k).map_err(bad)?;
             let dw = cx.dev.upload(&wb)?;
             let out = cx.dev.upload(&vec![0xffffu16; rows * k])?;
             let (pw, po) = (DevPtr::of(&dw), DevPtr::of(&out));
@@ -94,6 +82,7 @@ mod tests {
     //! the same byte offsets and f32 operations) checked against the CPU dequantiser: the
     //! kernel's index math, verified without a GPU.
     use super::*;
+    use crate::kernels::Quant;
     use crate::quant::f16_to_f32;
     use rand::SeedableRng;
 
@@ -212,16 +201,41 @@ mod tests {
                 .map(|v| half::bf16::from_f32(v).to_bits())
                 .collect();
             assert_eq!(got, want, "{ty:?}");
-            // every group's quant for every Quant the op takes maps to a GGUF type
         }
+        // q4_0r: the kernel's row / block arithmetic over the repacked bytes
+        for (rows, k) in [(5usize, 512usize), (3, 3840)] {
+            let w = random_weights(GgmlType::Q4_0, rows, k, &mut rng).unwrap();
+            let want = dequant_bf16(GgmlType::Q4_0, &w, rows * k).unwrap();
+            let r = crate::quant::repack::repacked_q4_0r(&w, k).unwrap();
+            let got: Vec<u16> = (0..rows * k / 8)
+                .flat_map(|g| group_q4_0r(&r, k, g))
+                .map(|v| half::bf16::from_f32(v).to_bits())
+                .collect();
+            assert_eq!(got, want, "q4_0r {rows}x{k}");
+        }
+        // every Quant the op takes maps to a GGUF type
         for q in [
             Quant::Q8_0,
             Quant::Q4_0,
+            Quant::Q4_0R,
             Quant::Q5_0,
             Quant::Q4K,
             Quant::Q6K,
         ] {
-            assert!(ggml(q).is_some());
+            assert!(super::super::source_type(q).is_some());
         }
+    }
+
+    /// The q4_0r branch of the kernel: group `g` of a repacked matrix of `cols`-value rows.
+    fn group_q4_0r(w: &[u8], cols: usize, g: usize) -> [f32; 8] {
+        let nb = cols >> 5;
+        let blk = g >> 2;
+        let (r, bi) = (blk / nb, blk % nb);
+        let rp = r * nb * 18;
+        let q = g & 3;
+        let d = h(w, rp + 16 * nb + 2 * bi);
+        let x = ld8(w, rp + 16 * bi + (q & 1) * 8);
+        let sh = (q >> 1) * 4;
+        std::array::from_fn(|i| d * (((x[i] >> sh) & 15) as i32 - 8) as f32)
     }
 }

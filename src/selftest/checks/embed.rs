@@ -5,26 +5,12 @@
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::{CudaError, DevPtr, Kern};
-use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
+use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::qdot::random_weights;
-use crate::quant::{dequantize, GgmlType};
+use crate::quant::dequantize;
 use rand::Rng;
 
 pub struct EmbedCheck;
-
-fn ggml(q: Quant) -> Option<GgmlType> {
-    Some(match q {
-        Quant::F32 => GgmlType::F32,
-        Quant::F16 => GgmlType::F16,
-        Quant::Bf16 => GgmlType::BF16,
-        Quant::Q8_0 => GgmlType::Q8_0,
-        Quant::Q4_0 => GgmlType::Q4_0,
-        Quant::Q5_0 => GgmlType::Q5_0,
-        Quant::Q4K => GgmlType::Q4K,
-        Quant::Q6K => GgmlType::Q6K,
-        _ => return None,
-    })
-}
 
 fn bad(detail: String) -> CudaError {
     CudaError::Invalid {
@@ -44,14 +30,15 @@ impl KernelCheck for EmbedCheck {
         1e-6
     }
     fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
-        let ty = ggml(spec.key.quant)
-            .ok_or_else(|| bad(format!("no GGML type for {}", spec.key.quant)))?;
+        let q = spec.key.quant;
+        let (ty, repacked) =
+            super::source_type(q).ok_or_else(|| bad(format!("no GGML type for {q}")))?;
         let kern = Kern {
             spec,
             f: cx.dev.function(spec)?,
         };
         let block = ty.block().0;
-        let shapes: [(usize, usize, f32); 2] = if block == 256 {
+        let shapes: [(usize, usize, f32); 2] = if block == 256 || repacked {
             [(301, 1280, 2.5), (17, 256, 1.0)]
         } else {
             [(301, 1184, 2.5), (17, 96, 1.0)]
@@ -70,6 +57,7 @@ impl KernelCheck for EmbedCheck {
                 dequantize(ty, row, o).map_err(|e| bad(e.to_string()))?;
                 o.iter_mut().for_each(|v| *v *= scale);
             }
+            let w = super::device_layout(q, w, cols).map_err(bad)?;
             let (dw, di) = (cx.dev.upload(&w)?, cx.dev.upload(&ids)?);
             let out = cx.dev.filled_f32(ids.len() * cols, f32::NAN)?;
             let (pw, pi, po): (DevPtr<u8>, DevPtr<i32>, DevPtr<f32>) =

@@ -5,26 +5,12 @@
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::{gemv_s2_smem, CudaError, GemvEntry, Q8Activations};
-use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
+use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::qdot::{dequantize_q8_1, gemv_ref, quantize_q8_1, random_weights, Q8Act};
 use crate::quant::GgmlType;
 
 pub struct QuantizeQ8Check;
 pub struct GemvCheck;
-
-fn ggml(q: Quant) -> Option<GgmlType> {
-    Some(match q {
-        Quant::F32 => GgmlType::F32,
-        Quant::F16 => GgmlType::F16,
-        Quant::Bf16 => GgmlType::BF16,
-        Quant::Q8_0 => GgmlType::Q8_0,
-        Quant::Q4_0 => GgmlType::Q4_0,
-        Quant::Q5_0 => GgmlType::Q5_0,
-        Quant::Q4K => GgmlType::Q4K,
-        Quant::Q6K => GgmlType::Q6K,
-        _ => return None,
-    })
-}
 
 fn invalid(detail: String) -> CudaError {
     CudaError::Invalid {
@@ -96,11 +82,14 @@ impl KernelCheck for GemvCheck {
         2e-4
     }
     fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
-        let ty = ggml(spec.key.quant)
-            .ok_or_else(|| invalid(format!("no GGML type for {}", spec.key.quant)))?;
+        let q = spec.key.quant;
+        let (ty, repacked) =
+            super::source_type(q).ok_or_else(|| invalid(format!("no GGML type for {q}")))?;
         let bs = spec.key.batch.value().unwrap_or(1) as usize;
         let float_w = ty.block().0 == 1;
         let shapes: &[(usize, usize)] = match ty {
+            // rows of whole 256-value groups; 40 blocks leave lanes idle, 256 take two batches
+            _ if repacked => &[(1001, 1280), (67, 8192)],
             GgmlType::Q4K | GgmlType::Q6K => &[(1001, 3840), (64, 10240)],
             _ if float_w => &[(1001, 1184), (77, 1187)],
             _ => &[(1001, 1184), (67, 8192)],
@@ -117,6 +106,7 @@ impl KernelCheck for GemvCheck {
                 (upload_act(cx, &a)?, dequantize_q8_1(&a))
             };
             let want = gemv_ref(ty, &w, n, k, &xref).map_err(qerr)?;
+            let w = super::device_layout(q, w, k).map_err(invalid)?;
             let (dw, dx) = (cx.dev.upload(&w)?, cx.dev.upload(&x)?);
             // both entries (the `__s2` one where the instance has it), default and 3-block grids
             let s2 = gemv_s2_smem(spec).is_some();

@@ -28,7 +28,33 @@ mod sample;
 mod softmax;
 
 use super::check::KernelCheck;
-use crate::kernels::KernelKey;
+use crate::kernels::{KernelKey, Quant};
+use crate::quant::GgmlType;
+
+/// The GGUF type whose random weights a check generates for a kernel format (the CPU reference
+/// reads them), and whether the device copy is repacked from it (`q4_0r`, see [`device_layout`]).
+pub(super) fn source_type(q: Quant) -> Option<(GgmlType, bool)> {
+    Some(match q {
+        Quant::F32 => (GgmlType::F32, false),
+        Quant::F16 => (GgmlType::F16, false),
+        Quant::Bf16 => (GgmlType::BF16, false),
+        Quant::Q8_0 => (GgmlType::Q8_0, false),
+        Quant::Q4_0 => (GgmlType::Q4_0, false),
+        Quant::Q4_0R => (GgmlType::Q4_0, true),
+        Quant::Q5_0 => (GgmlType::Q5_0, false),
+        Quant::Q4K => (GgmlType::Q4K, false),
+        Quant::Q6K => (GgmlType::Q6K, false),
+        _ => return None,
+    })
+}
+
+/// Rows of `cols` values generated as [`source_type`] says, in the kernel's layout.
+pub(super) fn device_layout(q: Quant, w: Vec<u8>, cols: usize) -> Result<Vec<u8>, String> {
+    match source_type(q) {
+        Some((_, true)) => crate::quant::repack::repacked_q4_0r(&w, cols),
+        _ => Ok(w),
+    }
+}
 
 /// Every registered check.
 pub fn all() -> Vec<&'static dyn KernelCheck> {

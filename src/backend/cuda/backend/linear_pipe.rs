@@ -41,7 +41,13 @@ pub fn gemm_scratch_bytes() -> usize {
 pub(crate) fn has_pipe(q: Quant) -> bool {
     matches!(
         q,
-        Quant::Bf16 | Quant::Q8_0 | Quant::Q4_0 | Quant::Q5_0 | Quant::Q4K | Quant::Q6K
+        Quant::Bf16
+            | Quant::Q8_0
+            | Quant::Q4_0
+            | Quant::Q4_0R
+            | Quant::Q5_0
+            | Quant::Q4K
+            | Quant::Q6K
     )
 }
 

@@ -1,7 +1,9 @@
 //! Weight upload: checkpoint tensors to the device in their stored format (GGUF blocks and
 //! F32/F16/BF16 elements as they are), with host conversion only where no kernel reads the
 //! format: other GGML block types become F16, block-scaled FP8 becomes BF16 (no FP8 GEMV yet),
-//! 1-D weights (norms, scalars) become f32. NVFP4 is refused.
+//! 1-D weights (norms, scalars) become f32. NVFP4 is refused. Q4_0 matrices whose rows are whole
+//! 256-element groups are repacked within each row on the way (`q4_0r`, src/quant/repack.rs: the
+//! same bytes, so no second copy; `FUCINA_REPACK=0` keeps the GGUF layout).
 
 use std::sync::atomic::Ordering;
 
@@ -21,6 +23,8 @@ use crate::weights::{TensorFormat, TensorRef};
 pub(crate) enum Plan {
     /// Bytes as they are, read by kernels of this format.
     AsIs(Quant),
+    /// GGUF Q4_0 rows repacked on the host into `q4_0r` (same length), slab by slab.
+    RepackQ4_0,
     /// Dequantised on the host, stored as F16 (GGML types without kernels).
     ToF16,
     /// Dequantised on the host, stored as BF16 (block-scaled FP8: no FP8 GEMV path yet).
@@ -46,8 +50,16 @@ pub(crate) fn ggml_quant(ty: GgmlType) -> Option<Quant> {
     })
 }
 
-/// The storage plan of a tensor of `format` and `shape`.
-pub(crate) fn plan(format: TensorFormat, shape: &[usize]) -> Plan {
+/// Whether Q4_0 matrices are repacked at upload (unless `FUCINA_REPACK=0`).
+pub(crate) fn repack_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FUCINA_REPACK").map_or(true, |v| v != "0"))
+}
+
+/// The storage plan of a tensor of `format` and `shape`; `repack`: Q4_0 matrices (2-D, rows of
+/// whole 256-element groups) become `q4_0r`. Expert banks (3-D) keep their layout: the MoE
+/// kernels read GGUF blocks.
+pub(crate) fn plan(format: TensorFormat, shape: &[usize], repack: bool) -> Plan {
     if format == TensorFormat::NvFp4 {
         return Plan::Unsupported(
             "NVFP4 weights have no kernels on the CUDA backend yet (use --device cpu)".into(),
@@ -58,6 +70,11 @@ pub(crate) fn plan(format: TensorFormat, shape: &[usize]) -> Plan {
     }
     match format {
         TensorFormat::Ggml(ty) => match ggml_quant(ty) {
+            Some(Quant::Q4_0)
+                if repack && shape.len() == 2 && crate::quant::repack::q4_0r_fits(shape[1]) =>
+            {
+                Plan::RepackQ4_0
+            }
             Some(q) => Plan::AsIs(q),
             None if ty.can_dequantize() => Plan::ToF16,
             None => Plan::Unsupported(format!("GGML type {} cannot be dequantised", ty.name())),
@@ -133,6 +150,42 @@ impl CudaBackend {
         Ok(buf)
     }
 
+    /// A GGUF Q4_0 matrix repacked on the host into `q4_0r` a slab of rows at a time (one slab
+    /// of host memory) and uploaded: the same number of bytes as the file's.
+    fn upload_repacked(&self, w: &TensorRef<'_>) -> Result<DevBuf> {
+        let (rows, cols) = (w.rows(), w.cols());
+        let row = cols / 32 * 18;
+        let bytes = rows * row;
+        if cols % 32 != 0 || w.data.len() < bytes {
+            return Err(BackendError::Shape {
+                op: "upload",
+                detail: format!(
+                    "{}: {} bytes for a Q4_0 matrix of shape {:?}, need {bytes}",
+                    w.name,
+                    w.data.len(),
+                    w.shape
+                ),
+            });
+        }
+        let buf = self.alloc_weight(bytes)?;
+        let slab = (CHUNK / row.max(1)).max(1);
+        let mut host = Vec::new();
+        let mut r = 0;
+        while r < rows {
+            let n = slab.min(rows - r);
+            let src = &w.data[r * row..(r + n) * row];
+            host.resize(src.len(), 0u8);
+            crate::quant::repack::q4_0_to_q4_0r(src, cols, &mut host)
+                .map_err(|e| unsupported(&w.name, e))?;
+            let dst = buf.u8().slice(r * row, n * row).ok_or_else(|| {
+                BackendError::Device(format!("{}: repacked slab out of range", w.name))
+            })?;
+            self.write_counted(dst, &host)?;
+            r += n;
+        }
+        Ok(buf)
+    }
+
     pub(super) fn upload_weight(&self, w: &TensorRef<'_>) -> Result<GpuWeight> {
         let shape = w.shape.clone();
         let numel = w.numel();
@@ -144,8 +197,12 @@ impl CudaBackend {
             fp8_block: (0, 0),
             f32,
         };
-        match plan(w.format, &w.shape) {
+        match plan(w.format, &w.shape, repack_enabled()) {
             Plan::Unsupported(d) => Err(unsupported(&w.name, d)),
+            Plan::RepackQ4_0 => {
+                let buf = self.upload_repacked(w)?;
+                Ok(weight(buf, Quant::Q4_0R, None))
+            }
             Plan::AsIs(q) => {
                 let (be, bb) = super::super::weight_block(q)
                     .ok_or_else(|| unsupported(&w.name, format!("no kernels for {q}")))?;
@@ -222,33 +279,50 @@ mod tests {
             (GgmlType::Q4K, Quant::Q4K),
             (GgmlType::Q6K, Quant::Q6K),
         ] {
-            assert_eq!(plan(TensorFormat::Ggml(ty), &m), Plan::AsIs(q), "{ty:?}");
+            assert_eq!(
+                plan(TensorFormat::Ggml(ty), &m, false),
+                Plan::AsIs(q),
+                "{ty:?}"
+            );
         }
         for ty in [GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::Q5K] {
-            assert_eq!(plan(TensorFormat::Ggml(ty), &m), Plan::ToF16, "{ty:?}");
+            assert_eq!(
+                plan(TensorFormat::Ggml(ty), &m, true),
+                Plan::ToF16,
+                "{ty:?}"
+            );
         }
         assert_eq!(
-            plan(TensorFormat::Ggml(GgmlType::Q4_0), &[64]),
+            plan(TensorFormat::Ggml(GgmlType::Q4_0), &[64], true),
             Plan::Vector
         );
-        assert_eq!(plan(TensorFormat::Ggml(GgmlType::F32), &[1]), Plan::Vector);
+        assert_eq!(
+            plan(TensorFormat::Ggml(GgmlType::F32), &[1], true),
+            Plan::Vector
+        );
         let fp8 = TensorFormat::Fp8 {
             block_rows: 128,
             block_cols: 128,
         };
-        assert_eq!(plan(fp8, &m), Plan::ToBf16);
+        assert_eq!(plan(fp8, &m, true), Plan::ToBf16);
         assert!(matches!(
-            plan(TensorFormat::NvFp4, &m),
+            plan(TensorFormat::NvFp4, &m, true),
             Plan::Unsupported(_)
         ));
         assert!(matches!(
-            plan(TensorFormat::Ggml(GgmlType::I32), &m),
+            plan(TensorFormat::Ggml(GgmlType::I32), &m, true),
             Plan::Unsupported(_)
         ));
         // 3-D expert banks keep their format
         assert_eq!(
-            plan(TensorFormat::Ggml(GgmlType::Q4K), &[8, 4, 256]),
+            plan(TensorFormat::Ggml(GgmlType::Q4K), &[8, 4, 256], true),
             Plan::AsIs(Quant::Q4K)
         );
+        // Q4_0 matrices of whole 256-element rows repack; short rows and banks do not
+        let q4 = TensorFormat::Ggml(GgmlType::Q4_0);
+        assert_eq!(plan(q4, &[4, 256], true), Plan::RepackQ4_0);
+        assert_eq!(plan(q4, &[4, 256], false), Plan::AsIs(Quant::Q4_0));
+        assert_eq!(plan(q4, &[4, 640], true), Plan::AsIs(Quant::Q4_0));
+        assert_eq!(plan(q4, &[8, 4, 256], true), Plan::AsIs(Quant::Q4_0));
     }
 }
