@@ -1,72 +1,132 @@
-//! Q4_0 repacked for the GPU decode GEMV (`q4_0r`): the same bytes as the GGUF rows, reordered
-//! within each row so that the 16-byte nibble blocks sit together (16-byte aligned) and the f16
-//! scales follow them.
+//! Block formats repacked for the GPU decode GEMV (`q4_0r`, `q8_0r`, `q4_kr`): the same bytes as
+//! the GGUF rows, reordered within each row so that the blocks' quant bodies sit together
+//! (16-byte aligned) and their heads (scales) follow them.
 //!
-//! A GGUF Q4_0 row of `k` elements is `k / 32` blocks of 18 bytes (`d: f16`, 16 nibble bytes).
-//! Its repacked form has the same length: the `k / 32` nibble runs of 16 bytes, in order, then
-//! the `k / 32` scales. A warp then reads whole blocks with aligned, coalesced 16-byte loads
-//! instead of staging unaligned 18-byte blocks through shared memory. Rows stay `k / 32 * 18`
-//! bytes apart, so row slices, chunks and embedding lookups address the matrix as before; a row
-//! starts 16-byte aligned when `k` is a multiple of 256 ([`Q4_0R_COLS`]).
+//! A GGUF row of `k` elements is `k / E` blocks, each a head (`Q4_0`/`Q8_0`: the f16 scale;
+//! `Q4_K`: d, dmin and the 12 bytes of 6-bit scales and mins) then a body (the quants). Its
+//! repacked form has the same length: the `k / E` bodies in order, then the `k / E` heads. A warp
+//! then reads whole bodies with aligned, coalesced 16-byte loads instead of staging unaligned
+//! blocks through shared memory. Rows stay as many bytes apart as in the file, so row slices,
+//! chunks and embedding lookups address the matrix as before. Rows repack only when both the row
+//! and its head region start 16-byte aligned ([`Split::fits`]: `k % 256 == 0` for all three).
 
-/// Rows repack only when their length is a multiple of this (18 * k / 32 bytes a multiple of 16).
-pub const Q4_0R_COLS: usize = 256;
+use crate::kernels::Quant;
 
-/// Bytes per Q4_0 block and per its nibbles.
-const BLOCK: usize = 18;
-const NIBBLES: usize = 16;
-
-/// Whether rows of `cols` elements can be stored repacked.
-pub fn q4_0r_fits(cols: usize) -> bool {
-    cols > 0 && cols % Q4_0R_COLS == 0
+/// How a block splits into head and body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Split {
+    /// Elements per block.
+    pub elems: usize,
+    /// Head bytes (first in the GGUF block, after the bodies when repacked).
+    pub head: usize,
+    /// Body bytes.
+    pub body: usize,
 }
 
-fn check(src: usize, dst: usize, cols: usize) -> Result<usize, String> {
-    if cols == 0 || cols % 32 != 0 {
-        return Err(format!("{cols} columns is not whole Q4_0 blocks"));
-    }
-    let row = cols / 32 * BLOCK;
-    if src % row != 0 || dst != src {
-        return Err(format!(
-            "{src} source bytes into {dst}: need whole rows of {row} bytes, same length"
-        ));
-    }
-    Ok(row)
-}
+/// Q4_0: f16 d, 16 nibble bytes.
+pub const Q4_0: Split = Split {
+    elems: 32,
+    head: 2,
+    body: 16,
+};
+/// Q8_0: f16 d, 32 int8.
+pub const Q8_0: Split = Split {
+    elems: 32,
+    head: 2,
+    body: 32,
+};
+/// Q4_K: f16 d, f16 dmin, 12 bytes of scales / mins; 128 nibble bytes.
+pub const Q4_K: Split = Split {
+    elems: 256,
+    head: 16,
+    body: 128,
+};
 
-/// Whole GGUF Q4_0 rows of `cols` elements (`src`) into their repacked form (`dst`, same length).
-pub fn q4_0_to_q4_0r(src: &[u8], cols: usize, dst: &mut [u8]) -> Result<(), String> {
-    let row = check(src.len(), dst.len(), cols)?;
-    let nb = cols / 32;
-    for (s, d) in src.chunks_exact(row).zip(dst.chunks_exact_mut(row)) {
-        let (nib, scales) = d.split_at_mut(nb * NIBBLES);
-        for (b, blk) in s.chunks_exact(BLOCK).enumerate() {
-            scales[2 * b..2 * b + 2].copy_from_slice(&blk[..2]);
-            nib[NIBBLES * b..NIBBLES * (b + 1)].copy_from_slice(&blk[2..]);
+impl Split {
+    fn block(self) -> usize {
+        self.head + self.body
+    }
+
+    /// Whether rows of `cols` elements can be stored repacked: whole blocks, rows and the head
+    /// region 16-byte aligned.
+    pub fn fits(self, cols: usize) -> bool {
+        cols > 0 && cols % self.elems == 0 && {
+            let nb = cols / self.elems;
+            (nb * self.block()) % 16 == 0 && (nb * self.body) % 16 == 0
         }
     }
-    Ok(())
-}
 
-/// The inverse of [`q4_0_to_q4_0r`].
-pub fn q4_0r_to_q4_0(src: &[u8], cols: usize, dst: &mut [u8]) -> Result<(), String> {
-    let row = check(src.len(), dst.len(), cols)?;
-    let nb = cols / 32;
-    for (s, d) in src.chunks_exact(row).zip(dst.chunks_exact_mut(row)) {
-        let (nib, scales) = s.split_at(nb * NIBBLES);
-        for (b, blk) in d.chunks_exact_mut(BLOCK).enumerate() {
-            blk[..2].copy_from_slice(&scales[2 * b..2 * b + 2]);
-            blk[2..].copy_from_slice(&nib[NIBBLES * b..NIBBLES * (b + 1)]);
+    fn row_bytes(self, src: usize, dst: usize, cols: usize) -> Result<usize, String> {
+        if cols == 0 || cols % self.elems != 0 {
+            return Err(format!(
+                "{cols} columns is not whole {}-element blocks",
+                self.elems
+            ));
         }
+        let row = cols / self.elems * self.block();
+        if src % row != 0 || dst != src {
+            return Err(format!(
+                "{src} source bytes into {dst}: need whole rows of {row} bytes, same length"
+            ));
+        }
+        Ok(row)
     }
-    Ok(())
+
+    /// Whole GGUF rows of `cols` elements (`src`) into their repacked form (`dst`, same length).
+    pub fn repack(self, src: &[u8], cols: usize, dst: &mut [u8]) -> Result<(), String> {
+        let row = self.row_bytes(src.len(), dst.len(), cols)?;
+        let nb = cols / self.elems;
+        let (h, b) = (self.head, self.body);
+        for (s, d) in src.chunks_exact(row).zip(dst.chunks_exact_mut(row)) {
+            let (bodies, heads) = d.split_at_mut(nb * b);
+            for (i, blk) in s.chunks_exact(self.block()).enumerate() {
+                heads[h * i..h * (i + 1)].copy_from_slice(&blk[..h]);
+                bodies[b * i..b * (i + 1)].copy_from_slice(&blk[h..]);
+            }
+        }
+        Ok(())
+    }
+
+    /// The inverse of [`Split::repack`].
+    pub fn unpack(self, src: &[u8], cols: usize, dst: &mut [u8]) -> Result<(), String> {
+        let row = self.row_bytes(src.len(), dst.len(), cols)?;
+        let nb = cols / self.elems;
+        let (h, b) = (self.head, self.body);
+        for (s, d) in src.chunks_exact(row).zip(dst.chunks_exact_mut(row)) {
+            let (bodies, heads) = s.split_at(nb * b);
+            for (i, blk) in d.chunks_exact_mut(self.block()).enumerate() {
+                blk[..h].copy_from_slice(&heads[h * i..h * (i + 1)]);
+                blk[h..].copy_from_slice(&bodies[b * i..b * (i + 1)]);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Split::repack`] into a new buffer.
+    pub fn repacked(self, src: &[u8], cols: usize) -> Result<Vec<u8>, String> {
+        let mut out = vec![0u8; src.len()];
+        self.repack(src, cols, &mut out)?;
+        Ok(out)
+    }
 }
 
-/// [`q4_0_to_q4_0r`] into a new buffer.
-pub fn repacked_q4_0r(src: &[u8], cols: usize) -> Result<Vec<u8>, String> {
-    let mut out = vec![0u8; src.len()];
-    q4_0_to_q4_0r(src, cols, &mut out)?;
-    Ok(out)
+/// The repacked kernel format of a GGUF kernel format and how its blocks split (None: the
+/// format is not repacked).
+pub fn repacked_of(q: Quant) -> Option<(Quant, Split)> {
+    Some(match q {
+        Quant::Q4_0 => (Quant::Q4_0R, Q4_0),
+        Quant::Q8_0 => (Quant::Q8_0R, Q8_0),
+        _ => return None,
+    })
+}
+
+/// The GGUF kernel format a repacked format comes from, and its split (None: not repacked).
+pub fn source_of(q: Quant) -> Option<(Quant, Split)> {
+    Some(match q {
+        Quant::Q4_0R => (Quant::Q4_0, Q4_0),
+        Quant::Q8_0R => (Quant::Q8_0, Q8_0),
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -75,31 +135,41 @@ mod tests {
 
     #[test]
     fn layout_and_round_trip() {
-        let cols = 256;
-        let rows = 3;
-        let src: Vec<u8> = (0..rows * cols / 32 * 18)
-            .map(|i| (i * 7 + 3) as u8)
-            .collect();
-        let r = repacked_q4_0r(&src, cols).unwrap();
-        let nb = cols / 32;
-        let row = nb * 18;
-        // row 2, block 5: nibbles at 16 * 5 of the row, scale at 16 * nb + 2 * 5
-        let blk = &src[2 * row + 5 * 18..2 * row + 6 * 18];
-        assert_eq!(&r[2 * row + 80..2 * row + 96], &blk[2..]);
-        assert_eq!(
-            &r[2 * row + 16 * nb + 10..2 * row + 16 * nb + 12],
-            &blk[..2]
-        );
-        let mut back = vec![0u8; src.len()];
-        q4_0r_to_q4_0(&r, cols, &mut back).unwrap();
-        assert_eq!(back, src);
+        for (s, cols) in [(Q4_0, 256usize), (Q8_0, 512), (Q4_K, 768)] {
+            let rows = 3;
+            let nb = cols / s.elems;
+            let row = nb * s.block();
+            let src: Vec<u8> = (0..rows * row).map(|i| (i * 7 + 3) as u8).collect();
+            let r = s.repacked(&src, cols).unwrap();
+            // row 2, block 1: body at body * 1 of the row, head at body * nb + head * 1
+            let blk = &src[2 * row + s.block()..2 * row + 2 * s.block()];
+            let at = 2 * row;
+            assert_eq!(&r[at + s.body..at + 2 * s.body], &blk[s.head..]);
+            let h0 = at + nb * s.body + s.head;
+            assert_eq!(&r[h0..h0 + s.head], &blk[..s.head]);
+            let mut back = vec![0u8; src.len()];
+            s.unpack(&r, cols, &mut back).unwrap();
+            assert_eq!(back, src);
+        }
     }
 
     #[test]
-    fn rejects_partial_rows() {
-        assert!(q4_0_to_q4_0r(&[0u8; 20], 32, &mut [0u8; 20]).is_err());
-        assert!(q4_0_to_q4_0r(&[0u8; 18], 33, &mut [0u8; 18]).is_err());
-        assert!(q4_0_to_q4_0r(&[0u8; 18], 32, &mut [0u8; 17]).is_err());
-        assert!(q4_0r_fits(4096) && q4_0r_fits(3840) && !q4_0r_fits(640) && !q4_0r_fits(0));
+    fn fits_and_rejects() {
+        assert!(Q4_0.repack(&[0u8; 20], 32, &mut [0u8; 20]).is_err());
+        assert!(Q4_0.repack(&[0u8; 18], 33, &mut [0u8; 18]).is_err());
+        assert!(Q4_0.repack(&[0u8; 18], 32, &mut [0u8; 17]).is_err());
+        for s in [Q4_0, Q8_0, Q4_K] {
+            assert!(
+                s.fits(4096) && s.fits(3840) && s.fits(12288) && !s.fits(0),
+                "{s:?}"
+            );
+        }
+        // 640 = 20 Q4_0 blocks: 360-byte rows are not 16-byte aligned
+        assert!(!Q4_0.fits(640) && !Q8_0.fits(640) && !Q4_K.fits(640));
+        assert!(Q4_K.fits(256) && !Q4_0.fits(32));
+        for q in [Quant::Q4_0, Quant::Q8_0] {
+            let (r, s) = repacked_of(q).unwrap();
+            assert_eq!(source_of(r), Some((q, s)));
+        }
     }
 }

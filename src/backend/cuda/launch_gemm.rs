@@ -423,7 +423,8 @@ impl CudaDevice {
                 ),
             ));
         }
-        if q == Quant::Q4_0R && cols % crate::quant::repack::Q4_0R_COLS != 0 {
+        let repacked = crate::quant::repack::source_of(q);
+        if repacked.is_some_and(|(_, split)| !split.fits(cols)) {
             return Err(invalid(
                 OP,
                 format!("{q} rows of {cols} columns (need k % 256 == 0)"),
@@ -431,7 +432,8 @@ impl CudaDevice {
         }
         let align = match q {
             Quant::Q4K => 8,
-            Quant::F16 | Quant::F32 | Quant::Q4_0R => 16,
+            _ if repacked.is_some() => 16,
+            Quant::F16 | Quant::F32 => 16,
             _ => 2,
         };
         if w.raw() % align != 0 || y.raw() % 16 != 0 {

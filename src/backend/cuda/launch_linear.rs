@@ -38,6 +38,7 @@ pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
         Quant::Fp8E4m3 => (1, 1),
         Quant::Q8_0 => (32, 34),
         Quant::Q4_0 | Quant::Q4_0R => (32, 18),
+        Quant::Q8_0R => (32, 34),
         Quant::Q5_0 => (32, 22),
         Quant::Q4K => (256, 144),
         Quant::Q6K => (256, 210),
@@ -52,9 +53,10 @@ pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
 pub fn gemv_default_grid(spec: &KernelSpec, n: usize, sms: u32) -> u32 {
     let rows = spec.param_u32("rows").unwrap_or(1).max(1) as usize;
     let grid = n.div_ceil(4 * rows).min(u32::MAX as usize) as u32;
-    // the register-direct Q4_0R kernel runs best with one row group per warp (H200, probe
-    // benches/nvcc/gemv_q4_0_repacked.cu: 24576 x 4096 16.7 us uncapped vs 18.2 at 8 per SM)
-    if rows > 1 && spec.key.quant != Quant::Q4_0R {
+    // the register-direct kernels of repacked formats run best with one row group per warp
+    // (H200, probe benches/nvcc/gemv_q4_0_repacked.cu: 24576 x 4096 16.7 us uncapped vs 18.2 at
+    // 8 blocks per SM)
+    if rows > 1 && crate::quant::repack::source_of(spec.key.quant).is_none() {
         grid.min(4 * sms.max(1))
     } else {
         grid

@@ -619,11 +619,13 @@ impl CudaDevice {
         if n == 0 || k == 0 || k % be != 0 || (block_fmt && k % 32 != 0) {
             return Err(invalid(OP, format!("n={n} k={k} for {q}")));
         }
-        if q == Quant::Q4_0R && (k % crate::quant::repack::Q4_0R_COLS != 0 || w.raw() % 16 != 0) {
-            return Err(invalid(
-                OP,
-                format!("{q} needs k % 256 == 0 and 16-byte aligned weights (k={k})"),
-            ));
+        if let Some((_, split)) = crate::quant::repack::source_of(q) {
+            if !split.fits(k) || w.raw() % 16 != 0 {
+                return Err(invalid(
+                    OP,
+                    format!("{q} needs rows of whole 256-element groups and 16-byte aligned weights (k={k})"),
+                ));
+            }
         }
         if w.len() < n * (k / be) * bb || y.len() < batch * n {
             return Err(invalid(

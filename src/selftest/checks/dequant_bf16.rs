@@ -206,7 +206,7 @@ mod tests {
         for (rows, k) in [(5usize, 512usize), (3, 3840)] {
             let w = random_weights(GgmlType::Q4_0, rows, k, &mut rng).unwrap();
             let want = dequant_bf16(GgmlType::Q4_0, &w, rows * k).unwrap();
-            let r = crate::quant::repack::repacked_q4_0r(&w, k).unwrap();
+            let r = crate::quant::repack::Q4_0.repacked(&w, k).unwrap();
             let got: Vec<u16> = (0..rows * k / 8)
                 .flat_map(|g| group_q4_0r(&r, k, g))
                 .map(|v| half::bf16::from_f32(v).to_bits())

@@ -32,7 +32,8 @@ use crate::kernels::{KernelKey, Quant};
 use crate::quant::GgmlType;
 
 /// The GGUF type whose random weights a check generates for a kernel format (the CPU reference
-/// reads them), and whether the device copy is repacked from it (`q4_0r`, see [`device_layout`]).
+/// reads them), and whether the device copy is repacked from it (`q4_0r`, `q8_0r`: see
+/// [`device_layout`]).
 pub(super) fn source_type(q: Quant) -> Option<(GgmlType, bool)> {
     Some(match q {
         Quant::F32 => (GgmlType::F32, false),
@@ -41,6 +42,7 @@ pub(super) fn source_type(q: Quant) -> Option<(GgmlType, bool)> {
         Quant::Q8_0 => (GgmlType::Q8_0, false),
         Quant::Q4_0 => (GgmlType::Q4_0, false),
         Quant::Q4_0R => (GgmlType::Q4_0, true),
+        Quant::Q8_0R => (GgmlType::Q8_0, true),
         Quant::Q5_0 => (GgmlType::Q5_0, false),
         Quant::Q4K => (GgmlType::Q4K, false),
         Quant::Q6K => (GgmlType::Q6K, false),
@@ -50,9 +52,9 @@ pub(super) fn source_type(q: Quant) -> Option<(GgmlType, bool)> {
 
 /// Rows of `cols` values generated as [`source_type`] says, in the kernel's layout.
 pub(super) fn device_layout(q: Quant, w: Vec<u8>, cols: usize) -> Result<Vec<u8>, String> {
-    match source_type(q) {
-        Some((_, true)) => crate::quant::repack::repacked_q4_0r(&w, cols),
-        _ => Ok(w),
+    match crate::quant::repack::source_of(q) {
+        Some((_, split)) => split.repacked(&w, cols),
+        None => Ok(w),
     }
 }
 

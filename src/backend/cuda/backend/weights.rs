@@ -1,9 +1,10 @@
 //! Weight upload: checkpoint tensors to the device in their stored format (GGUF blocks and
 //! F32/F16/BF16 elements as they are), with host conversion only where no kernel reads the
 //! format: other GGML block types become F16, block-scaled FP8 becomes BF16 (no FP8 GEMV yet),
-//! 1-D weights (norms, scalars) become f32. NVFP4 is refused. Q4_0 matrices whose rows are whole
-//! 256-element groups are repacked within each row on the way (`q4_0r`, src/quant/repack.rs: the
-//! same bytes, so no second copy; `FUCINA_REPACK=0` keeps the GGUF layout).
+//! 1-D weights (norms, scalars) become f32. NVFP4 is refused. Q4_0 / Q8_0 matrices whose rows are
+//! whole 256-element groups are repacked within each row on the way (`q4_0r` / `q8_0r`,
+//! src/quant/repack.rs: the same bytes, so no second copy; `FUCINA_REPACK=0` keeps the GGUF
+//! layout).
 
 use std::sync::atomic::Ordering;
 
@@ -15,6 +16,7 @@ use super::super::types::GpuWeight;
 use super::CudaBackend;
 use crate::backend::{BackendError, Result};
 use crate::kernels::Quant;
+use crate::quant::repack::{repacked_of, source_of};
 use crate::quant::GgmlType;
 use crate::weights::{TensorFormat, TensorRef};
 
@@ -23,8 +25,9 @@ use crate::weights::{TensorFormat, TensorRef};
 pub(crate) enum Plan {
     /// Bytes as they are, read by kernels of this format.
     AsIs(Quant),
-    /// GGUF Q4_0 rows repacked on the host into `q4_0r` (same length), slab by slab.
-    RepackQ4_0,
+    /// GGUF block rows repacked on the host into this repacked format (`q4_0r`, `q8_0r`: same
+    /// length, src/quant/repack.rs), slab by slab.
+    Repack(Quant),
     /// Dequantised on the host, stored as F16 (GGML types without kernels).
     ToF16,
     /// Dequantised on the host, stored as BF16 (block-scaled FP8: no FP8 GEMV path yet).
@@ -56,8 +59,8 @@ pub(crate) fn repack_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("FUCINA_REPACK").map_or(true, |v| v != "0"))
 }
 
-/// The storage plan of a tensor of `format` and `shape`; `repack`: Q4_0 matrices (2-D, rows of
-/// whole 256-element groups) become `q4_0r`. Expert banks (3-D) keep their layout: the MoE
+/// The storage plan of a tensor of `format` and `shape`; `repack`: Q4_0 / Q8_0 matrices (2-D,
+/// rows of whole 256-element groups) become `q4_0r` / `q8_0r`. Expert banks (3-D) keep their layout: the MoE
 /// kernels read GGUF blocks.
 pub(crate) fn plan(format: TensorFormat, shape: &[usize], repack: bool) -> Plan {
     if format == TensorFormat::NvFp4 {
@@ -70,11 +73,10 @@ pub(crate) fn plan(format: TensorFormat, shape: &[usize], repack: bool) -> Plan 
     }
     match format {
         TensorFormat::Ggml(ty) => match ggml_quant(ty) {
-            Some(Quant::Q4_0)
-                if repack && shape.len() == 2 && crate::quant::repack::q4_0r_fits(shape[1]) =>
-            {
-                Plan::RepackQ4_0
-            }
+            Some(q) if repack && shape.len() == 2 => match repacked_of(q) {
+                Some((r, split)) if split.fits(shape[1]) => Plan::Repack(r),
+                _ => Plan::AsIs(q),
+            },
             Some(q) => Plan::AsIs(q),
             None if ty.can_dequantize() => Plan::ToF16,
             None => Plan::Unsupported(format!("GGML type {} cannot be dequantised", ty.name())),
@@ -150,17 +152,19 @@ impl CudaBackend {
         Ok(buf)
     }
 
-    /// A GGUF Q4_0 matrix repacked on the host into `q4_0r` a slab of rows at a time (one slab
-    /// of host memory) and uploaded: the same number of bytes as the file's.
-    fn upload_repacked(&self, w: &TensorRef<'_>) -> Result<DevBuf> {
+    /// A GGUF block matrix repacked on the host into `to` a slab of rows at a time (one slab of
+    /// host memory) and uploaded: the same number of bytes as the file's.
+    fn upload_repacked(&self, w: &TensorRef<'_>, to: Quant) -> Result<DevBuf> {
+        let (_, split) =
+            source_of(to).ok_or_else(|| unsupported(&w.name, format!("{to} is not repacked")))?;
         let (rows, cols) = (w.rows(), w.cols());
-        let row = cols / 32 * 18;
+        let row = cols / split.elems * (split.head + split.body);
         let bytes = rows * row;
-        if cols % 32 != 0 || w.data.len() < bytes {
+        if !split.fits(cols) || w.data.len() < bytes {
             return Err(BackendError::Shape {
                 op: "upload",
                 detail: format!(
-                    "{}: {} bytes for a Q4_0 matrix of shape {:?}, need {bytes}",
+                    "{}: {} bytes for a {to} matrix of shape {:?}, need {bytes}",
                     w.name,
                     w.data.len(),
                     w.shape
@@ -175,7 +179,8 @@ impl CudaBackend {
             let n = slab.min(rows - r);
             let src = &w.data[r * row..(r + n) * row];
             host.resize(src.len(), 0u8);
-            crate::quant::repack::q4_0_to_q4_0r(src, cols, &mut host)
+            split
+                .repack(src, cols, &mut host)
                 .map_err(|e| unsupported(&w.name, e))?;
             let dst = buf.u8().slice(r * row, n * row).ok_or_else(|| {
                 BackendError::Device(format!("{}: repacked slab out of range", w.name))
@@ -199,9 +204,9 @@ impl CudaBackend {
         };
         match plan(w.format, &w.shape, repack_enabled()) {
             Plan::Unsupported(d) => Err(unsupported(&w.name, d)),
-            Plan::RepackQ4_0 => {
-                let buf = self.upload_repacked(w)?;
-                Ok(weight(buf, Quant::Q4_0R, None))
+            Plan::Repack(r) => {
+                let buf = self.upload_repacked(w, r)?;
+                Ok(weight(buf, r, None))
             }
             Plan::AsIs(q) => {
                 let (be, bb) = super::super::weight_block(q)
@@ -320,7 +325,10 @@ mod tests {
         );
         // Q4_0 matrices of whole 256-element rows repack; short rows and banks do not
         let q4 = TensorFormat::Ggml(GgmlType::Q4_0);
-        assert_eq!(plan(q4, &[4, 256], true), Plan::RepackQ4_0);
+        assert_eq!(plan(q4, &[4, 256], true), Plan::Repack(Quant::Q4_0R));
+        let q8 = TensorFormat::Ggml(GgmlType::Q8_0);
+        assert_eq!(plan(q8, &[4, 3840], true), Plan::Repack(Quant::Q8_0R));
+        assert_eq!(plan(q8, &[4, 96], true), Plan::AsIs(Quant::Q8_0));
         assert_eq!(plan(q4, &[4, 256], false), Plan::AsIs(Quant::Q4_0));
         assert_eq!(plan(q4, &[4, 640], true), Plan::AsIs(Quant::Q4_0));
         assert_eq!(plan(q4, &[8, 4, 256], true), Plan::AsIs(Quant::Q4_0));
