@@ -139,8 +139,6 @@ key_enum! {
         /// scales), so a warp loads whole blocks with aligned, coalesced 16-byte loads
         /// (src/quant/repack.rs).
         Q4_0R => "q4_0r",
-        /// Q8_0 repacked at upload (per row: the 32-byte int8 blocks, then the f16 scales).
-        Q8_0R => "q8_0r",
         Q5_0 => "q5_0",
         Q4K => "q4_k",
         Q6K => "q6_k",

@@ -1,4 +1,4 @@
-//! Block formats repacked for the GPU decode GEMV (`q4_0r`, `q8_0r`, `q4_kr`): the same bytes as
+//! Block formats repacked for the GPU decode GEMV (`q4_0r`, `q4_kr`): the same bytes as
 //! the GGUF rows, reordered within each row so that the blocks' quant bodies sit together
 //! (16-byte aligned) and their heads (scales) follow them.
 //!
@@ -115,7 +115,6 @@ impl Split {
 pub fn repacked_of(q: Quant) -> Option<(Quant, Split)> {
     Some(match q {
         Quant::Q4_0 => (Quant::Q4_0R, Q4_0),
-        Quant::Q8_0 => (Quant::Q8_0R, Q8_0),
         _ => return None,
     })
 }
@@ -124,7 +123,6 @@ pub fn repacked_of(q: Quant) -> Option<(Quant, Split)> {
 pub fn source_of(q: Quant) -> Option<(Quant, Split)> {
     Some(match q {
         Quant::Q4_0R => (Quant::Q4_0, Q4_0),
-        Quant::Q8_0R => (Quant::Q8_0, Q8_0),
         _ => return None,
     })
 }
@@ -167,7 +165,7 @@ mod tests {
         // 640 = 20 Q4_0 blocks: 360-byte rows are not 16-byte aligned
         assert!(!Q4_0.fits(640) && !Q8_0.fits(640) && !Q4_K.fits(640));
         assert!(Q4_K.fits(256) && !Q4_0.fits(32));
-        for q in [Quant::Q4_0, Quant::Q8_0] {
+        for q in [Quant::Q4_0] {
             let (r, s) = repacked_of(q).unwrap();
             assert_eq!(source_of(r), Some((q, s)));
         }

@@ -13,8 +13,8 @@
 //!   3e-2 (bf16 rounding of both operands, ~2^-9 per product; an indexing bug gives O(1));
 //!   F32/F16 (`gemm_f32`, f32 on CUDA cores): 1e-4;
 //! - linear of a Q5_K weight (no kernels: stored as F16 at upload) vs the f32 reference: 4e-3;
-//! - Q4_0 / Q8_0 weights with rows of whole 256-value groups run repacked (`q4_0r` / `q8_0r`,
-//!   at upload), the 1056-column rows in the GGUF layout;
+//! - Q4_0 weights with rows of whole 256-value groups run repacked (`q4_0r`, at upload), the
+//!   1056-column Q4_0 rows in the GGUF layout;
 //! - moe at prefill sizes (n = 64..512: the grouped tensor-core GEMMs, bf16 activations and
 //!   weights, against the f32 CPU backend): [`MOE_BOUND`].
 
@@ -171,12 +171,11 @@ const LINEAR_TYPES: [GgmlType; 9] = [
 ];
 
 fn linear_cases(cx: &mut Ctx) {
-    // Q4_0 / Q8_0 twice: rows of 1024 are repacked at upload (q4_0r / q8_0r), rows of 1056 keep
-    // the GGUF layout
+    // Q4_0 twice: rows of 1024 are repacked at upload (q4_0r), rows of 1056 keep the GGUF layout
     let shapes = LINEAR_TYPES
         .into_iter()
         .map(|ty| (ty, 512usize, 1024usize))
-        .chain([(GgmlType::Q4_0, 512, 1056), (GgmlType::Q8_0, 512, 1056)]);
+        .chain([(GgmlType::Q4_0, 512, 1056)]);
     for (ty, out, k) in shapes {
         let w = match weights_of(ty, out, k, &mut cx.rng) {
             Ok(w) => w,

@@ -38,7 +38,6 @@ pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
         Quant::Fp8E4m3 => (1, 1),
         Quant::Q8_0 => (32, 34),
         Quant::Q4_0 | Quant::Q4_0R => (32, 18),
-        Quant::Q8_0R => (32, 34),
         Quant::Q5_0 => (32, 22),
         Quant::Q4K => (256, 144),
         Quant::Q6K => (256, 210),

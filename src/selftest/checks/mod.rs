@@ -32,7 +32,7 @@ use crate::kernels::{KernelKey, Quant};
 use crate::quant::GgmlType;
 
 /// The GGUF type whose random weights a check generates for a kernel format (the CPU reference
-/// reads them), and whether the device copy is repacked from it (`q4_0r`, `q8_0r`: see
+/// reads them), and whether the device copy is repacked from it (`q4_0r`: see
 /// [`device_layout`]).
 pub(super) fn source_type(q: Quant) -> Option<(GgmlType, bool)> {
     Some(match q {
@@ -42,7 +42,6 @@ pub(super) fn source_type(q: Quant) -> Option<(GgmlType, bool)> {
         Quant::Q8_0 => (GgmlType::Q8_0, false),
         Quant::Q4_0 => (GgmlType::Q4_0, false),
         Quant::Q4_0R => (GgmlType::Q4_0, true),
-        Quant::Q8_0R => (GgmlType::Q8_0, true),
         Quant::Q5_0 => (GgmlType::Q5_0, false),
         Quant::Q4K => (GgmlType::Q4K, false),
         Quant::Q6K => (GgmlType::Q6K, false),

@@ -45,7 +45,6 @@ pub(crate) fn has_pipe(q: Quant) -> bool {
             | Quant::Q8_0
             | Quant::Q4_0
             | Quant::Q4_0R
-            | Quant::Q8_0R
             | Quant::Q5_0
             | Quant::Q4K
             | Quant::Q6K
