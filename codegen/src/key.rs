@@ -141,6 +141,9 @@ key_enum! {
         Q4_0R => "q4_0r",
         Q5_0 => "q5_0",
         Q4K => "q4_k",
+        /// Q4_K repacked at upload (per row: the 128-byte nibble bodies, then the 16-byte heads
+        /// of d, dmin and the 6-bit scales / mins; src/quant/repack.rs).
+        Q4KR => "q4_kr",
         Q6K => "q6_k",
         Fp8E4m3 => "fp8_e4m3",
         NvFp4 => "nvfp4",

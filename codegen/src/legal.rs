@@ -14,6 +14,7 @@ const WEIGHT_FORMATS: &[Quant] = &[
     Quant::Q4_0R,
     Quant::Q5_0,
     Quant::Q4K,
+    Quant::Q4KR,
     Quant::Q6K,
     Quant::Fp8E4m3,
     Quant::NvFp4,
@@ -30,6 +31,7 @@ const EMBED_FORMATS: &[Quant] = &[
     Quant::Q4_0R,
     Quant::Q5_0,
     Quant::Q4K,
+    Quant::Q4KR,
     Quant::Q6K,
 ];
 
@@ -178,6 +180,7 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
                     Quant::Q4_0R,
                     Quant::Q5_0,
                     Quant::Q4K,
+                    Quant::Q4KR,
                     Quant::Q6K,
                 ],
             )?;

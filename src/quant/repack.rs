@@ -115,6 +115,7 @@ impl Split {
 pub fn repacked_of(q: Quant) -> Option<(Quant, Split)> {
     Some(match q {
         Quant::Q4_0 => (Quant::Q4_0R, Q4_0),
+        Quant::Q4K => (Quant::Q4KR, Q4_K),
         _ => return None,
     })
 }
@@ -123,6 +124,7 @@ pub fn repacked_of(q: Quant) -> Option<(Quant, Split)> {
 pub fn source_of(q: Quant) -> Option<(Quant, Split)> {
     Some(match q {
         Quant::Q4_0R => (Quant::Q4_0, Q4_0),
+        Quant::Q4KR => (Quant::Q4K, Q4_K),
         _ => return None,
     })
 }
@@ -165,7 +167,7 @@ mod tests {
         // 640 = 20 Q4_0 blocks: 360-byte rows are not 16-byte aligned
         assert!(!Q4_0.fits(640) && !Q8_0.fits(640) && !Q4_K.fits(640));
         assert!(Q4_K.fits(256) && !Q4_0.fits(32));
-        for q in [Quant::Q4_0] {
+        for q in [Quant::Q4_0, Quant::Q4K] {
             let (r, s) = repacked_of(q).unwrap();
             assert_eq!(source_of(r), Some((q, s)));
         }

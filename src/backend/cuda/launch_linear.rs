@@ -39,7 +39,7 @@ pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
         Quant::Q8_0 => (32, 34),
         Quant::Q4_0 | Quant::Q4_0R => (32, 18),
         Quant::Q5_0 => (32, 22),
-        Quant::Q4K => (256, 144),
+        Quant::Q4K | Quant::Q4KR => (256, 144),
         Quant::Q6K => (256, 210),
         Quant::NvFp4 => return None,
     })

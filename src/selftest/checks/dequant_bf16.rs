@@ -133,24 +133,7 @@ mod tests {
             }
             GgmlType::Q4K => {
                 let b = (g >> 5) * 144;
-                let r = g & 31;
-                let (s, q) = (r >> 2, r & 3);
-                let sc = |i: usize| w[b + 4 + i] as u32;
-                let (a, m) = if s < 4 {
-                    (sc(s) & 63, sc(s + 4) & 63)
-                } else {
-                    (
-                        (sc(s + 4) & 15) | ((sc(s - 4) >> 6) << 4),
-                        (sc(s + 4) >> 4) | ((sc(s) >> 6) << 4),
-                    )
-                };
-                let dl = h(w, b) * a as f32;
-                let ml = h(w, b + 2) * m as f32;
-                let x = ld8(w, b + 16 + (s >> 1) * 32 + q * 8);
-                let sh = (s & 1) * 4;
-                for i in 0..8 {
-                    v[i] = dl * ((x[i] >> sh) & 15) as f32 - ml;
-                }
+                v = q4k_group(w, b, b + 16, g & 31);
             }
             GgmlType::Q6K => {
                 let b = (g >> 5) * 210;
@@ -202,7 +185,7 @@ mod tests {
                 .collect();
             assert_eq!(got, want, "{ty:?}");
         }
-        // q4_0r: the kernel's row / block arithmetic over the repacked bytes
+        // q4_0r / q4_kr: the kernel's row / block arithmetic over the repacked bytes
         for (rows, k) in [(5usize, 512usize), (3, 3840)] {
             let w = random_weights(GgmlType::Q4_0, rows, k, &mut rng).unwrap();
             let want = dequant_bf16(GgmlType::Q4_0, &w, rows * k).unwrap();
@@ -212,6 +195,14 @@ mod tests {
                 .map(|v| half::bf16::from_f32(v).to_bits())
                 .collect();
             assert_eq!(got, want, "q4_0r {rows}x{k}");
+            let w = random_weights(GgmlType::Q4K, rows, k, &mut rng).unwrap();
+            let want = dequant_bf16(GgmlType::Q4K, &w, rows * k).unwrap();
+            let r = crate::quant::repack::Q4_K.repacked(&w, k).unwrap();
+            let got: Vec<u16> = (0..rows * k / 8)
+                .flat_map(|g| group_q4_kr(&r, k, g))
+                .map(|v| half::bf16::from_f32(v).to_bits())
+                .collect();
+            assert_eq!(got, want, "q4_kr {rows}x{k}");
         }
         // every Quant the op takes maps to a GGUF type
         for q in [
@@ -220,10 +211,39 @@ mod tests {
             Quant::Q4_0R,
             Quant::Q5_0,
             Quant::Q4K,
+            Quant::Q4KR,
             Quant::Q6K,
         ] {
             assert!(super::super::source_type(q).is_some());
         }
+    }
+
+    /// Group `r` (0..31) of a Q4_K block whose head is at `b` and body at `body`.
+    fn q4k_group(w: &[u8], b: usize, body: usize, r: usize) -> [f32; 8] {
+        let (s, q) = (r >> 2, r & 3);
+        let sc = |i: usize| w[b + 4 + i] as u32;
+        let (a, m) = if s < 4 {
+            (sc(s) & 63, sc(s + 4) & 63)
+        } else {
+            (
+                (sc(s + 4) & 15) | ((sc(s - 4) >> 6) << 4),
+                (sc(s + 4) >> 4) | ((sc(s) >> 6) << 4),
+            )
+        };
+        let dl = h(w, b) * a as f32;
+        let ml = h(w, b + 2) * m as f32;
+        let x = ld8(w, body + (s >> 1) * 32 + q * 8);
+        let sh = (s & 1) * 4;
+        std::array::from_fn(|i| dl * ((x[i] >> sh) & 15) as f32 - ml)
+    }
+
+    /// The q4_kr branch of the kernel: group `g` of a repacked matrix of `cols`-value rows.
+    fn group_q4_kr(w: &[u8], cols: usize, g: usize) -> [f32; 8] {
+        let nb = cols >> 8;
+        let blk = g >> 5;
+        let (rw, bi) = (blk / nb, blk % nb);
+        let row = rw * nb * 144;
+        q4k_group(w, row + 128 * nb + 16 * bi, row + 128 * bi, g & 31)
     }
 
     /// The q4_0r branch of the kernel: group `g` of a repacked matrix of `cols`-value rows.

@@ -32,7 +32,7 @@ use crate::kernels::{KernelKey, Quant};
 use crate::quant::GgmlType;
 
 /// The GGUF type whose random weights a check generates for a kernel format (the CPU reference
-/// reads them), and whether the device copy is repacked from it (`q4_0r`: see
+/// reads them), and whether the device copy is repacked from it (`q4_0r`, `q4_kr`: see
 /// [`device_layout`]).
 pub(super) fn source_type(q: Quant) -> Option<(GgmlType, bool)> {
     Some(match q {
@@ -44,6 +44,7 @@ pub(super) fn source_type(q: Quant) -> Option<(GgmlType, bool)> {
         Quant::Q4_0R => (GgmlType::Q4_0, true),
         Quant::Q5_0 => (GgmlType::Q5_0, false),
         Quant::Q4K => (GgmlType::Q4K, false),
+        Quant::Q4KR => (GgmlType::Q4K, true),
         Quant::Q6K => (GgmlType::Q6K, false),
         _ => return None,
     })

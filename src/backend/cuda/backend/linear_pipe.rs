@@ -47,6 +47,7 @@ pub(crate) fn has_pipe(q: Quant) -> bool {
             | Quant::Q4_0R
             | Quant::Q5_0
             | Quant::Q4K
+            | Quant::Q4KR
             | Quant::Q6K
     )
 }
