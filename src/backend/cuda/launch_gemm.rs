@@ -424,10 +424,13 @@ impl CudaDevice {
             ));
         }
         let repacked = crate::quant::repack::source_of(q);
-        if repacked.is_some_and(|(_, split)| !split.fits(cols)) {
+        // the repacked kernels index blocks in 32 bits
+        if repacked
+            .is_some_and(|(_, split)| !split.fits(cols) || rows * cols / be > u32::MAX as usize)
+        {
             return Err(invalid(
                 OP,
-                format!("{q} rows of {cols} columns (need k % 256 == 0)"),
+                format!("{q}: {rows} rows of {cols} columns (need k % 256 == 0, < 2^32 blocks)"),
             ));
         }
         let align = match q {
