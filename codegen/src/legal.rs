@@ -20,20 +20,9 @@ const WEIGHT_FORMATS: &[Quant] = &[
     Quant::NvFp4,
 ];
 
-/// Embedding-table formats the embed kernel dequantises (GGUF tables as stored, or Q4_0
-/// repacked at upload: a tied LM head is the same weight; other formats are converted at upload).
-const EMBED_FORMATS: &[Quant] = &[
-    Quant::F32,
-    Quant::F16,
-    Quant::Bf16,
-    Quant::Q8_0,
-    Quant::Q4_0,
-    Quant::Q4_0R,
-    Quant::Q5_0,
-    Quant::Q4K,
-    Quant::Q4KR,
-    Quant::Q6K,
-];
+/// Formats repacked at upload from a GGUF one (src/quant/repack.rs): read by the GEMV,
+/// `dequant_bf16` and `embed` (a tied LM head is the embedding table).
+const REPACKED_FORMATS: &[Quant] = &[Quant::Q4_0R, Quant::Q4KR];
 
 /// GGUF formats the dp4a / float GEMV paths read (no FP8 / FP4 expert banks in GGUF files).
 const GGUF_FORMATS: &[Quant] = &[
@@ -79,11 +68,14 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             Err(format!("{} is batch-agnostic: batch must be \"any\"", k.op))
         }
     };
-    let quant_in = |k: &KernelKey, allowed: &[Quant]| {
-        if allowed.contains(&k.quant) {
+    let quant_in_any = |k: &KernelKey, lists: &[&[Quant]]| {
+        if lists.iter().any(|l| l.contains(&k.quant)) {
             Ok(())
         } else {
-            let names: Vec<&str> = allowed.iter().map(|q| q.as_str()).collect();
+            let names: Vec<&str> = lists
+                .iter()
+                .flat_map(|l| l.iter().map(|q| q.as_str()))
+                .collect();
             Err(format!(
                 "{} does not take quant {} (allowed: {})",
                 k.op,
@@ -92,6 +84,7 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             ))
         }
     };
+    let quant_in = |k: &KernelKey, allowed: &[Quant]| quant_in_any(k, &[allowed]);
     match key.op {
         Op::RmsNorm
         | Op::Rope
@@ -120,7 +113,8 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             any_bs(key)
         }
         Op::Embed => {
-            quant_in(key, EMBED_FORMATS)?;
+            // GGUF tables as stored, or repacked (other formats are converted at upload)
+            quant_in_any(key, &[GGUF_FORMATS, REPACKED_FORMATS])?;
             any_hd(key)?;
             any_bs(key)
         }
@@ -169,19 +163,21 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             Ok(())
         }
         Op::DequantBf16 => {
-            // GGUF block formats and the float formats a weight can be stored in
-            quant_in(
+            // GGUF block formats (as stored or repacked) and the float formats a weight can be
+            // stored in
+            quant_in_any(
                 key,
                 &[
-                    Quant::F32,
-                    Quant::F16,
-                    Quant::Q8_0,
-                    Quant::Q4_0,
-                    Quant::Q4_0R,
-                    Quant::Q5_0,
-                    Quant::Q4K,
-                    Quant::Q4KR,
-                    Quant::Q6K,
+                    &[
+                        Quant::F32,
+                        Quant::F16,
+                        Quant::Q8_0,
+                        Quant::Q4_0,
+                        Quant::Q5_0,
+                        Quant::Q4K,
+                        Quant::Q6K,
+                    ],
+                    REPACKED_FORMATS,
                 ],
             )?;
             any_hd(key)?;

@@ -73,17 +73,15 @@ impl Split {
     }
 
     /// Whole GGUF rows of `cols` elements (`src`) into their repacked form (`dst`, same length).
+    /// Large inputs are split by rows over the available cores.
     pub fn repack(self, src: &[u8], cols: usize, dst: &mut [u8]) -> Result<(), String> {
         let row = self.row_bytes(src.len(), dst.len(), cols)?;
-        let nb = cols / self.elems;
-        let (h, b) = (self.head, self.body);
-        for (s, d) in src.chunks_exact(row).zip(dst.chunks_exact_mut(row)) {
-            let (bodies, heads) = d.split_at_mut(nb * b);
-            for (i, blk) in s.chunks_exact(self.block()).enumerate() {
-                heads[h * i..h * (i + 1)].copy_from_slice(&blk[..h]);
-                bodies[b * i..b * (i + 1)].copy_from_slice(&blk[h..]);
-            }
-        }
+        let rows = |s: &[u8], d: &mut [u8]| match (self.head, self.body) {
+            (2, 16) => rows_to::<2, 16>(s, d, row),
+            (16, 128) => rows_to::<16, 128>(s, d, row),
+            (h, b) => rows_to_any(s, d, row, h, b),
+        };
+        par_rows(src, dst, row, rows);
         Ok(())
     }
 
@@ -108,6 +106,55 @@ impl Split {
         self.repack(src, cols, &mut out)?;
         Ok(out)
     }
+}
+
+/// Rows of `row` bytes, blocks of head `H` + body `B` bytes: bodies first, then heads (fixed
+/// sizes, so each copy is a few moves).
+fn rows_to<const H: usize, const B: usize>(src: &[u8], dst: &mut [u8], row: usize) {
+    let nb = row / (H + B);
+    for (s, d) in src.chunks_exact(row).zip(dst.chunks_exact_mut(row)) {
+        let (bodies, heads) = d.split_at_mut(nb * B);
+        let blocks = s.chunks_exact(H + B);
+        for ((blk, body), head) in blocks
+            .zip(bodies.chunks_exact_mut(B))
+            .zip(heads.chunks_exact_mut(H))
+        {
+            let (h, b) = blk.split_at(H);
+            head.copy_from_slice(h);
+            body.copy_from_slice(b);
+        }
+    }
+}
+
+/// [`rows_to`] for any block split.
+fn rows_to_any(src: &[u8], dst: &mut [u8], row: usize, h: usize, b: usize) {
+    let nb = row / (h + b);
+    for (s, d) in src.chunks_exact(row).zip(dst.chunks_exact_mut(row)) {
+        let (bodies, heads) = d.split_at_mut(nb * b);
+        for (i, blk) in s.chunks_exact(h + b).enumerate() {
+            heads[h * i..h * (i + 1)].copy_from_slice(&blk[..h]);
+            bodies[b * i..b * (i + 1)].copy_from_slice(&blk[h..]);
+        }
+    }
+}
+
+/// `f` over whole rows of `src` / `dst`, split by rows over the available cores from 4 MB up.
+fn par_rows(src: &[u8], dst: &mut [u8], row: usize, f: impl Fn(&[u8], &mut [u8]) + Sync) {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(16);
+    let rows = src.len() / row.max(1);
+    if threads < 2 || src.len() < (4 << 20) || rows < 2 {
+        f(src, dst);
+        return;
+    }
+    let per = rows.div_ceil(threads) * row;
+    std::thread::scope(|sc| {
+        for (s, d) in src.chunks(per).zip(dst.chunks_mut(per)) {
+            let f = &f;
+            sc.spawn(move || f(s, d));
+        }
+    });
 }
 
 /// The repacked kernel format of a GGUF kernel format and how its blocks split (None: the
@@ -150,6 +197,22 @@ mod tests {
             let mut back = vec![0u8; src.len()];
             s.unpack(&r, cols, &mut back).unwrap();
             assert_eq!(back, src);
+        }
+    }
+
+    #[test]
+    fn fixed_generic_and_threaded_paths_agree() {
+        for (s, cols) in [(Q4_0, 4096usize), (Q4_K, 4096)] {
+            let row = cols / s.elems * s.block();
+            let rows = (6 << 20) / row; // over the threading threshold
+            let src: Vec<u8> = (0..rows * row).map(|i| (i * 31 + i / 7) as u8).collect();
+            let r = s.repacked(&src, cols).unwrap();
+            let mut generic = vec![0u8; src.len()];
+            rows_to_any(&src, &mut generic, row, s.head, s.body);
+            assert_eq!(r, generic, "{s:?}");
+            let mut back = vec![0u8; src.len()];
+            s.unpack(&r, cols, &mut back).unwrap();
+            assert_eq!(back, src, "{s:?}");
         }
     }
 

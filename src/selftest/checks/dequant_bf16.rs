@@ -82,8 +82,8 @@ mod tests {
     //! the same byte offsets and f32 operations) checked against the CPU dequantiser: the
     //! kernel's index math, verified without a GPU.
     use super::*;
-    use crate::kernels::Quant;
     use crate::quant::f16_to_f32;
+    use crate::quant::repack::{self, Split};
     use rand::SeedableRng;
 
     fn u16_at(w: &[u8], p: usize) -> u32 {
@@ -186,35 +186,33 @@ mod tests {
             assert_eq!(got, want, "{ty:?}");
         }
         // q4_0r / q4_kr: the kernel's row / block arithmetic over the repacked bytes
-        for (rows, k) in [(5usize, 512usize), (3, 3840)] {
-            let w = random_weights(GgmlType::Q4_0, rows, k, &mut rng).unwrap();
-            let want = dequant_bf16(GgmlType::Q4_0, &w, rows * k).unwrap();
-            let r = crate::quant::repack::Q4_0.repacked(&w, k).unwrap();
-            let got: Vec<u16> = (0..rows * k / 8)
-                .flat_map(|g| group_q4_0r(&r, k, g))
-                .map(|v| half::bf16::from_f32(v).to_bits())
-                .collect();
-            assert_eq!(got, want, "q4_0r {rows}x{k}");
-            let w = random_weights(GgmlType::Q4K, rows, k, &mut rng).unwrap();
-            let want = dequant_bf16(GgmlType::Q4K, &w, rows * k).unwrap();
-            let r = crate::quant::repack::Q4_K.repacked(&w, k).unwrap();
-            let got: Vec<u16> = (0..rows * k / 8)
-                .flat_map(|g| group_q4_kr(&r, k, g))
-                .map(|v| half::bf16::from_f32(v).to_bits())
-                .collect();
-            assert_eq!(got, want, "q4_kr {rows}x{k}");
+        type Model = fn(&[u8], usize, usize) -> [f32; 8];
+        let repacked: [(GgmlType, Split, Model); 2] = [
+            (GgmlType::Q4_0, repack::Q4_0, group_q4_0r),
+            (GgmlType::Q4K, repack::Q4_K, group_q4_kr),
+        ];
+        for (ty, split, model) in repacked {
+            for (rows, k) in [(5usize, 512usize), (3, 3840)] {
+                let w = random_weights(ty, rows, k, &mut rng).unwrap();
+                let want = dequant_bf16(ty, &w, rows * k).unwrap();
+                let r = split.repacked(&w, k).unwrap();
+                let got: Vec<u16> = (0..rows * k / 8)
+                    .flat_map(|g| model(&r, k, g))
+                    .map(|v| half::bf16::from_f32(v).to_bits())
+                    .collect();
+                assert_eq!(got, want, "{ty:?} repacked {rows}x{k}");
+            }
         }
-        // every Quant the op takes maps to a GGUF type
-        for q in [
-            Quant::Q8_0,
-            Quant::Q4_0,
-            Quant::Q4_0R,
-            Quant::Q5_0,
-            Quant::Q4K,
-            Quant::Q4KR,
-            Quant::Q6K,
-        ] {
-            assert!(super::super::source_type(q).is_some());
+        // every format the op has an instance for maps to a GGUF type
+        for spec in crate::kernels::KERNELS
+            .iter()
+            .filter(|s| s.key.op == Op::DequantBf16)
+        {
+            assert!(
+                super::super::source_type(spec.key.quant).is_some(),
+                "{}",
+                spec.name
+            );
         }
     }
 

@@ -86,6 +86,32 @@ pub(crate) fn plan(format: TensorFormat, shape: &[usize], repack: bool) -> Plan 
     }
 }
 
+/// Bytes of `w` stored as `q`: whole blocks per row, and the tensor's data long enough.
+fn stored_bytes(w: &TensorRef<'_>, q: Quant) -> Result<usize> {
+    let (be, bb) = super::super::weight_block(q)
+        .ok_or_else(|| unsupported(&w.name, format!("no kernels for {q}")))?;
+    let cols = w.cols();
+    if cols % be != 0 {
+        return Err(BackendError::Shape {
+            op: "upload",
+            detail: format!("{}: {cols} columns is not whole {q} blocks", w.name),
+        });
+    }
+    let bytes = w.rows() * (cols / be) * bb;
+    if w.data.len() < bytes {
+        return Err(BackendError::Shape {
+            op: "upload",
+            detail: format!(
+                "{}: {} bytes for shape {:?} of {q}, need {bytes}",
+                w.name,
+                w.data.len(),
+                w.shape
+            ),
+        });
+    }
+    Ok(bytes)
+}
+
 fn unsupported(name: &str, detail: String) -> BackendError {
     BackendError::Unsupported {
         op: "upload",
@@ -157,20 +183,15 @@ impl CudaBackend {
     fn upload_repacked(&self, w: &TensorRef<'_>, to: Quant) -> Result<DevBuf> {
         let (_, split) =
             source_of(to).ok_or_else(|| unsupported(&w.name, format!("{to} is not repacked")))?;
+        let bytes = stored_bytes(w, to)?;
         let (rows, cols) = (w.rows(), w.cols());
-        let row = cols / split.elems * (split.head + split.body);
-        let bytes = rows * row;
-        if !split.fits(cols) || w.data.len() < bytes {
-            return Err(BackendError::Shape {
-                op: "upload",
-                detail: format!(
-                    "{}: {} bytes for a {to} matrix of shape {:?}, need {bytes}",
-                    w.name,
-                    w.data.len(),
-                    w.shape
-                ),
-            });
+        if !split.fits(cols) {
+            return Err(unsupported(
+                &w.name,
+                format!("{cols} columns cannot be {to}"),
+            ));
         }
+        let row = bytes / rows.max(1);
         let buf = self.alloc_weight(bytes)?;
         let slab = (CHUNK / row.max(1)).max(1);
         let mut host = Vec::new();
@@ -209,27 +230,7 @@ impl CudaBackend {
                 Ok(weight(buf, r, None))
             }
             Plan::AsIs(q) => {
-                let (be, bb) = super::super::weight_block(q)
-                    .ok_or_else(|| unsupported(&w.name, format!("no kernels for {q}")))?;
-                let cols = w.cols();
-                if cols % be != 0 {
-                    return Err(BackendError::Shape {
-                        op: "upload",
-                        detail: format!("{}: {cols} columns is not whole {q} blocks", w.name),
-                    });
-                }
-                let bytes = w.rows() * (cols / be) * bb;
-                if w.data.len() < bytes {
-                    return Err(BackendError::Shape {
-                        op: "upload",
-                        detail: format!(
-                            "{}: {} bytes for shape {:?} of {q}, need {bytes}",
-                            w.name,
-                            w.data.len(),
-                            w.shape
-                        ),
-                    });
-                }
+                let bytes = stored_bytes(w, q)?;
                 let buf = self.alloc_weight(bytes)?;
                 self.write_counted(buf.u8(), &w.data[..bytes])?;
                 Ok(weight(buf, q, None))
