@@ -1,0 +1,107 @@
+//! Whole random-weight models at the tiny bench shapes (`src/bench/presets.rs`: 256-wide hidden
+//! state, 512-wide FFN), written by the bench synthesiser. Their Q4_0 / Q4_K matrices have rows
+//! of whole 256-element groups, so the CUDA backend repacks them at upload (`q4_0r` / `q4_kr`)
+//! and these rows run the repacked GEMVs, embeddings and fused projections through whole
+//! forwards (the golden models' rows are too short to repack). The backend under test against a
+//! reference over a 6-token prompt (every linear a GEMV) and [`GREEDY_STEPS`] greedy steps, as
+//! the Gemma 3 270M row: logits within the bound, tokens equal or first differing at a near tie.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::models::{compare_greedy, greedy_verdict, load, Bounds, ModelRow, GREEDY_STEPS};
+use crate::backend::Backend;
+use crate::bench::presets;
+use crate::bench::synth::{self, FileQuant};
+
+/// (preset, file type) of each row.
+pub const SYNTH_CASES: [(&str, FileQuant); 3] = [
+    ("tiny-qwen3", FileQuant::Q4_0),
+    ("tiny-qwen3", FileQuant::Q4KM),
+    ("tiny-gemma4", FileQuant::Q4_0),
+];
+
+/// The prompt: 6 token ids inside every tiny preset's vocabulary.
+const PROMPT: [u32; 6] = [2, 17, 101, 5, 300, 42];
+
+/// A file in the temporary directory, removed when dropped.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// One row per [`SYNTH_CASES`] entry: `test` against `reference`.
+pub fn check_synth<T: Backend, R: Backend>(test: &Arc<T>, reference: &Arc<R>) -> Vec<ModelRow> {
+    SYNTH_CASES
+        .iter()
+        .map(|&(key, q)| {
+            let name = format!("synth {key} {} greedy", q.name());
+            check_one(key, q, test, reference)
+                .map(|mut r| {
+                    r.name = name.clone();
+                    r
+                })
+                .unwrap_or_else(|e| ModelRow::failed(name, e))
+        })
+        .collect()
+}
+
+fn check_one<T: Backend, R: Backend>(
+    key: &str,
+    q: FileQuant,
+    test: &Arc<T>,
+    reference: &Arc<R>,
+) -> Result<ModelRow, String> {
+    let p = presets::find(key).ok_or_else(|| format!("no preset {key}"))?;
+    let path = std::env::temp_dir().join(format!(
+        "fucina-selftest-{}-{key}-{}.gguf",
+        std::process::id(),
+        q.name()
+    ));
+    let file = TempFile(path);
+    synth::write(p, q, None, &file.0, 11).map_err(|e| e.to_string())?;
+    let mt = load(&file.0, test.clone(), 256)?;
+    let mr = load(&file.0, reference.clone(), 256)?;
+    let c = compare_greedy(&mt, &mr, &PROMPT, GREEDY_STEPS)?;
+    let bound = Bounds::for_case(p.arch).vs_ref;
+    let (pass, tie) = greedy_verdict(&c, bound);
+    let note =
+        match tie {
+            None => format!("{} tokens equal", c.test.len()),
+            Some((step, gap, excused)) => format!(
+            "equal for {step} tokens, then {} (reference top-2 gap {gap:.3}, max abs err {:.3})",
+            if excused { "a near-tie" } else { "a difference" },
+            c.err.abs
+        ),
+        };
+    Ok(ModelRow {
+        name: String::new(),
+        max_abs: c.err.abs,
+        max_rel: c.err.rel,
+        bound,
+        pass,
+        note,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+
+    /// On the CPU against itself every row passes with zero error (the harness, the synthesised
+    /// files and their loading; the GPU rows run in `fucina selftest`).
+    #[test]
+    fn cpu_against_cpu_passes() {
+        let a = Arc::new(CpuBackend::int8());
+        let rows = check_synth(&a, &a.clone());
+        assert_eq!(rows.len(), SYNTH_CASES.len());
+        for r in &rows {
+            assert!(r.pass && r.max_abs == 0.0, "{}: {}", r.name, r.note);
+            assert!(r.note.contains("32 tokens equal"), "{}", r.note);
+        }
+    }
+}
