@@ -187,11 +187,13 @@ pub const PRESETS: &[Preset] = &[
         name: "tiny Gemma 4 (random weights)",
         n_layer: 6,
         n_embd: 256,
-        n_head: 2,
+        // 4 query heads: groups of 2 (sliding, 128 wide) and 4 over one 512-wide global KV head
+        // (the CUDA decode's whole-group entry in the selftest's synthesised-model rows)
+        n_head: 4,
         n_head_kv: 2,
         head_dim: 128,
         n_head_kv_global: 1,
-        head_dim_global: 256,
+        head_dim_global: 512,
         n_ff: 512,
         ctx: 4096,
         sliding_window: 16,

@@ -93,7 +93,7 @@ fn synth_round_trips_through_the_reader() {
                 );
                 assert_eq!(
                     g.tensor_info("blk.5.attn_k.weight").unwrap().shape(),
-                    vec![256, 256]
+                    vec![512, 256]
                 );
                 assert_eq!(g.get_f32("gemma4.final_logit_softcapping"), Some(30.0));
             }
@@ -269,11 +269,11 @@ fn roofline_arithmetic() {
     assert_eq!(
         db.layers[5],
         KvLayer {
-            kv_dim: 256,
+            kv_dim: 512,
             window: None
         }
     );
-    assert_eq!(db.kv_bytes(99, 2.0), (5 * 2 * 256 * 16 + 2 * 256 * 100) * 2);
+    assert_eq!(db.kv_bytes(99, 2.0), (5 * 2 * 256 * 16 + 2 * 512 * 100) * 2);
     let emb = g.tensor_info("token_embd.weight").unwrap().n_bytes;
     let rest: u64 = g
         .tensor_infos()

@@ -60,6 +60,10 @@ pub enum DecodeEntry {
     Scalar,
     /// The tensor-core entry (`<name>__mma`): an error for instances without it.
     Mma,
+    /// The whole-group tensor-core entry (`<name>__gqa`, head dim 512): one 8-warp block per
+    /// (split, KV head) takes every query head of the group; needs `head_split` 1. An error for
+    /// instances without it.
+    Gqa,
 }
 
 /// Whether an instance has the tensor-core entry `__mma` (ops/attn_decode renders it on sm_89+
@@ -79,8 +83,26 @@ pub fn decode_key_has_mma(key: &KernelKey) -> bool {
     key.op == Op::AttnDecode && dim_ok && key.arch.sm() >= 89
 }
 
-/// The entry [`DecodeEntry::Auto`] runs: `__mma` where the instance has it, unless
-/// `FUCINA_ATTN_MMA=0` (read once).
+/// Whether an instance has the whole-group entries `__gqa` and `__gqa_merge` (ops/attn_decode
+/// renders them on sm_89+ for head dims 256 and 512, FP8 and F16 caches).
+pub fn decode_key_has_gqa(key: &KernelKey) -> bool {
+    key.op == Op::AttnDecode
+        && matches!(key.head_dim.value(), Some(256 | 512))
+        && key.arch.sm() >= 89
+}
+
+/// Whether [`DecodeEntry::Auto`] runs `__gqa` (at `head_split` 1): where the instance has it,
+/// unless `FUCINA_ATTN_GQA=0` (read once). Measured on H200 (Gemma 4 12B Q4_0, decode at depth
+/// 0 / 4096): 330.3 / 304.2 tok/s with `__gqa` at head dim 512 only, 338.8 / 324.2 with it at
+/// 256 too (and its 64-key splits), 325.3 / 286.2 without it.
+pub fn decode_gqa_default(spec: &KernelSpec) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    decode_key_has_gqa(&spec.key)
+        && !*OFF.get_or_init(|| std::env::var("FUCINA_ATTN_GQA").is_ok_and(|v| v == "0"))
+}
+
+/// The entry [`DecodeEntry::Auto`] runs for the per-head entries: `__mma` where the instance has
+/// it, unless `FUCINA_ATTN_MMA=0` (read once).
 pub fn decode_mma_default(spec: &KernelSpec) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     decode_has_mma(spec)
@@ -163,12 +185,36 @@ impl CudaDevice {
             as usize;
         let kvb = kv_elem_bytes(spec.key.quant)
             .ok_or_else(|| invalid(OP, format!("no cache layout for {}", spec.key.quant)))?;
+        let gqa_auto = decode_gqa_default(spec) && p.head_split == 1;
+        let entry = match p.entry {
+            DecodeEntry::Auto if gqa_auto => DecodeEntry::Gqa,
+            DecodeEntry::Auto if decode_mma_default(spec) => DecodeEntry::Mma,
+            DecodeEntry::Auto => DecodeEntry::Scalar,
+            DecodeEntry::Mma if !decode_has_mma(spec) => {
+                return Err(invalid(
+                    OP,
+                    format!("{} has no tensor-core entry", spec.name),
+                ));
+            }
+            DecodeEntry::Gqa if !decode_key_has_gqa(&spec.key) => {
+                return Err(invalid(
+                    OP,
+                    format!("{} has no whole-group entry", spec.name),
+                ));
+            }
+            e => e,
+        };
+        // heads per block: the whole group for `__gqa` (head_split 1), else at most GMAX
+        let block_heads_ok = match entry {
+            DecodeEntry::Gqa => p.head_split == 1,
+            _ => p.head_split > 0 && p.hq / p.hkv / p.head_split <= MAX_DECODE_BLOCK_HEADS,
+        };
         if p.hkv == 0
             || p.hq % p.hkv != 0
             || p.hq / p.hkv > 16
             || p.head_split == 0
             || (p.hq / p.hkv) % p.head_split != 0
-            || p.hq / p.hkv / p.head_split > MAX_DECODE_BLOCK_HEADS
+            || !block_heads_ok
             || p.batch == 0
             || p.splits == 0
             || p.splits > MAX_DECODE_SPLITS
@@ -180,7 +226,7 @@ impl CudaDevice {
                 OP,
                 format!(
                     "hq={} hkv={} (group <= 16) head_split={} (divides the group, leaves <= \
-                     {MAX_DECODE_BLOCK_HEADS} heads per block), batch={}, \
+                     {MAX_DECODE_BLOCK_HEADS} heads per block; 1 for the whole-group entry), batch={}, \
                      splits={} (1..={MAX_DECODE_SPLITS}), min_chunk={}, page={}, max_pages={}",
                     p.hq,
                     p.hkv,
@@ -217,22 +263,15 @@ impl CudaDevice {
                 "caches are not whole pages of [hkv][page_size][d]".into(),
             ));
         }
-        let mma = match p.entry {
-            DecodeEntry::Auto => decode_mma_default(spec),
-            DecodeEntry::Scalar => false,
-            DecodeEntry::Mma if decode_has_mma(spec) => true,
-            DecodeEntry::Mma => {
-                return Err(invalid(
-                    OP,
-                    format!("{} has no tensor-core entry", spec.name),
-                ));
-            }
+        // static shared memory only: the dynamic limit stays 0
+        let merge = match entry {
+            DecodeEntry::Gqa => Some(self.function_suffixed_smem(spec, "gqa_merge", 0)?),
+            _ => None,
         };
-        let f = if mma {
-            // static shared memory only: the dynamic limit stays 0
-            self.function_suffixed_smem(spec, "mma", 0)?
-        } else {
-            self.function(spec)?
+        let f = match entry {
+            DecodeEntry::Mma => self.function_suffixed_smem(spec, "mma", 0)?,
+            DecodeEntry::Gqa => self.function_suffixed_smem(spec, "gqa", 0)?,
+            _ => self.function(spec)?,
         };
         let i = |v: usize| i32::try_from(v).map_err(|_| invalid(OP, format!("{v} exceeds i32")));
         let (hq, hkv, hsplit, pg, mp, win, min_chunk) = (
@@ -257,8 +296,11 @@ impl CudaDevice {
                 (p.hkv * p.head_split) as u32,
                 p.batch as u32,
             ),
-            // one warp per query head of the block
-            block_dim: (32 * (p.hq / p.hkv / p.head_split) as u32, 1, 1),
+            // one warp per query head of the block; 8 warps for the whole group
+            block_dim: match entry {
+                DecodeEntry::Gqa => (256, 1, 1),
+                _ => (32 * (p.hq / p.hkv / p.head_split) as u32, 1, 1),
+            },
             shared_mem_bytes: 0,
         };
         let (qr, kr, vr, btr, posr, por, pmr, outr, cr) = (
@@ -300,6 +342,32 @@ impl CudaDevice {
         // [batch][hq][splits] / [batch][hkv][head_split]; block table entries must be < the cache's pages
         // (the caller's contract: kv.rs passes an identity table).
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
+        if let Some(m) = merge {
+            // the whole-group entry's merge: block (head of the group x 128 dims, KV head, sequence)
+            let splits = i(p.splits)?;
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    (p.hq / p.hkv * d / 128) as u32,
+                    p.hkv as u32,
+                    p.batch as u32,
+                ),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream().launch_builder(&m);
+            b.arg(&posr).arg(&por).arg(&pmr).arg(&outr);
+            b.arg(&hq)
+                .arg(&hkv)
+                .arg(&pg)
+                .arg(&mp)
+                .arg(&min_chunk)
+                .arg(&win)
+                .arg(&splits);
+            // SAFETY: matches `<name>__gqa_merge` in lib/attn_decode_gqa (q_pos, part_o, part_ml,
+            // out, hq, hkv, page_size, max_pages, min_chunk, window, splits), the same buffers
+            // and sizes as the launch above.
+            unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}__gqa_merge", spec.name)))?;
+        }
         Ok(())
     }
 
@@ -333,7 +401,7 @@ impl CudaDevice {
 
 #[cfg(test)]
 mod tests {
-    use super::decode_key_has_mma;
+    use super::{decode_key_has_gqa, decode_key_has_mma};
     use crate::kernels::{Op, KERNELS};
 
     /// The launcher's rule names exactly the decode-attention instances whose rendered source
@@ -348,5 +416,18 @@ mod tests {
         }
         // head dim 128 (FP8 and F16) and 256 (FP8) on sm_90a and sm_121a
         assert!(with >= 6, "{with} instances with a tensor-core entry");
+    }
+
+    /// Likewise for the whole-group entry `__gqa` (head dims 256 and 512 on sm_89+).
+    #[test]
+    fn gqa_rule_matches_the_rendered_entries() {
+        let mut with = 0;
+        for spec in KERNELS.iter().filter(|s| s.key.op == Op::AttnDecode) {
+            let rendered = spec.source.contains(&format!("{}__gqa(", spec.name));
+            assert_eq!(decode_key_has_gqa(&spec.key), rendered, "{}", spec.name);
+            with += rendered as usize;
+        }
+        // head dims 256 and 512, FP8 and F16 caches, on sm_90a and sm_121a
+        assert!(with >= 8, "{with} instances with a whole-group entry");
     }
 }

@@ -4,15 +4,16 @@
 //! and the merge of 2 and 3 chunks), 4097 and 4100 keys (33 live chunks: the fused merge walks
 //! more splits than a warp has lanes), sliding windows, softcap, grids much larger than the live
 //! chunks (blocks past them exit), groups split over several blocks per KV head (as the backend
-//! picks: Gemma 4's 16 x 512 over 1 KV head -> 8; forced 4 at head dim 16). The kernel reads
+//! picks: Gemma 4's 16 x 512 over 1 KV head -> 8; forced 4 at head dim 16), and at head dim 512
+//! the whole-group entry (one block per KV head and split). The kernel reads
 //! query positions (length - 1) from device memory. Every case runs twice and the arrival counters must be zero after each launch (the
 //! kernel resets them: what lets one persistent buffer serve every graph replay).
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::kv::decode_head_split;
+use crate::backend::cuda::kv::{decode_head_split, decode_launch_head_split};
 use crate::backend::cuda::{
-    decode_has_mma, decode_key_has_mma, AttnDecodeLaunch, CudaError, DecodeEntry, DevPtr,
-    MIN_SPLIT_KEYS,
+    decode_gqa_default, decode_has_mma, decode_key_has_gqa, decode_key_has_mma,
+    AttnDecodeLaunch, CudaError, DecodeEntry, DevPtr, GQA_MIN_SPLIT_KEYS, MIN_SPLIT_KEYS,
 };
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::attention_ref::{attention_decode, DecodeAttn};
@@ -75,8 +76,11 @@ fn cases(d: usize) -> Vec<Case> {
             c(16, 8, &[1500, 700], 1024, 50.0, 6),
             c(8, 1, &[513], 0, 0.0, 16),
         ],
+        // Gemma 4's global layers at depth 4096 first (the timed case): 16 heads over 1, 64 splits
         _ => vec![
+            c(16, 1, &[4097], 0, 0.0, 64),
             c(16, 1, &[777, 1], 0, 0.0, 8),
+            c(16, 2, &[300, 65], 0, 30.0, 3),
             c(8, 2, &[2000], 512, 30.0, 4),
         ],
     };
@@ -115,9 +119,9 @@ impl KernelCheck for AttnDecodeCheck {
         key.op == Op::AttnDecode
     }
     fn bound(&self, key: &KernelKey) -> f64 {
-        if decode_key_has_mma(key) {
-            // the tensor-core entry rounds q and the probabilities to f16 (2^-11 relative each;
-            // measured 9.8e-4 max-abs/max-ref on H200 over the cases below)
+        if decode_key_has_mma(key) || decode_key_has_gqa(key) {
+            // the tensor-core entries round q and the probabilities to f16 (2^-11 relative each;
+            // measured 9.8e-4 max-abs/max-ref on H200 over the cases below for `__mma`)
             4e-3
         } else {
             2e-3 // f32 with __expf against f64 (measured ~5e-7 max-abs/max-ref on H200)
@@ -200,14 +204,31 @@ impl KernelCheck for AttnDecodeCheck {
             let scratch = cx.dev.attn_scratch(&p, d)?;
             let dev = cx.dev;
             // every entry of the instance (scalar, and tensor-core where it has one); the
-            // timing is the default entry's
+            // timing is the default entry's. The case's head split serves the per-head entries
+            // (and is the largest: the counters are sized for it); the whole-group entry takes
+            // 1, Auto what the backend passes.
+            let case_split = p.head_split;
             let mut entries = vec![DecodeEntry::Scalar];
             if decode_has_mma(spec) {
                 entries.push(DecodeEntry::Mma);
             }
+            if decode_key_has_gqa(&spec.key) {
+                entries.push(DecodeEntry::Gqa);
+            }
             entries.push(DecodeEntry::Auto);
             for entry in entries {
                 p.entry = entry;
+                p.head_split = match entry {
+                    DecodeEntry::Gqa => 1,
+                    DecodeEntry::Auto if c.head_split == 0 => {
+                        decode_launch_head_split(spec, c.hq / c.hkv, d)
+                    }
+                    _ => case_split,
+                };
+                // the whole-group entry's splits are 64 keys (as the backend passes)
+                let gqa = entry == DecodeEntry::Gqa
+                    || (entry == DecodeEntry::Auto && p.head_split == 1 && decode_gqa_default(spec));
+                p.min_chunk = if gqa { GQA_MIN_SPLIT_KEYS } else { MIN_SPLIT_KEYS };
                 let p = &p;
                 // a fresh NaN output per entry: no entry passes on another's results
                 let out = dev.filled_f32(b * c.hq * d, f32::NAN)?;
