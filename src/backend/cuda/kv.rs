@@ -53,7 +53,11 @@ fn min_split_keys(gqa: bool) -> usize {
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|&v| v >= 32 && v % 32 == 0)
     });
-    forced.unwrap_or(if gqa { GQA_MIN_SPLIT_KEYS } else { MIN_SPLIT_KEYS })
+    forced.unwrap_or(if gqa {
+        GQA_MIN_SPLIT_KEYS
+    } else {
+        MIN_SPLIT_KEYS
+    })
 }
 /// Most decode splits.
 const MAX_SPLITS: usize = MAX_DECODE_SPLITS;

@@ -12,8 +12,8 @@
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::kv::{decode_head_split, decode_launch_head_split};
 use crate::backend::cuda::{
-    decode_gqa_default, decode_has_mma, decode_key_has_gqa, decode_key_has_mma,
-    AttnDecodeLaunch, CudaError, DecodeEntry, DevPtr, GQA_MIN_SPLIT_KEYS, MIN_SPLIT_KEYS,
+    decode_gqa_default, decode_has_mma, decode_key_has_gqa, decode_key_has_mma, AttnDecodeLaunch,
+    CudaError, DecodeEntry, DevPtr, GQA_MIN_SPLIT_KEYS, MIN_SPLIT_KEYS,
 };
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::attention_ref::{attention_decode, DecodeAttn};
@@ -227,8 +227,14 @@ impl KernelCheck for AttnDecodeCheck {
                 };
                 // the whole-group entry's splits are 64 keys (as the backend passes)
                 let gqa = entry == DecodeEntry::Gqa
-                    || (entry == DecodeEntry::Auto && p.head_split == 1 && decode_gqa_default(spec));
-                p.min_chunk = if gqa { GQA_MIN_SPLIT_KEYS } else { MIN_SPLIT_KEYS };
+                    || (entry == DecodeEntry::Auto
+                        && p.head_split == 1
+                        && decode_gqa_default(spec));
+                p.min_chunk = if gqa {
+                    GQA_MIN_SPLIT_KEYS
+                } else {
+                    MIN_SPLIT_KEYS
+                };
                 let p = &p;
                 // a fresh NaN output per entry: no entry passes on another's results
                 let out = dev.filled_f32(b * c.hq * d, f32::NAN)?;
