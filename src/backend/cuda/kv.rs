@@ -20,7 +20,7 @@ use super::launch_attn::{AttnPrefillLaunch, KvLayout};
 use super::launch_decode::{
     decode_gqa_default, AttnDecodeLaunch, DecodeEntry, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS,
 };
-use super::types::{GpuKvCache, KvType};
+use super::types::{GpuKvCache, KvType, Q8Ptrs};
 use super::CudaDevice;
 use crate::backend::{AttnParams, KvShape};
 use crate::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
@@ -309,7 +309,9 @@ impl CudaDevice {
     /// soft-cap. `max_pos` is a host-side bound on every `pos[i]` (checked against the
     /// capacity). Returns `[n, n_heads * head_dim]` f32 from `pool`.
     ///
-    /// n == 1: split-K decode (launch independent of the position: graph-capturable);
+    /// n == 1: split-K decode (launch independent of the position: graph-capturable); with
+    /// `q8` it also writes the output's int8 side-car there (head dims of whole 32s), what
+    /// `quantize_q8` would make of it;
     /// n > 1: the prefill kernel over all rows at once.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
@@ -321,8 +323,18 @@ impl CudaDevice {
         pos: DevPtr<i32>,
         max_pos: usize,
         p: &AttnParams,
+        q8: Option<Q8Ptrs>,
     ) -> Result<DevBuf, CudaError> {
         check_attention(cache, n, max_pos, p)?;
+        if q8.is_some() && (n != 1 || p.head_dim % 32 != 0) {
+            return Err(bad(
+                "attention",
+                format!(
+                    "an int8 side-car needs one row and a head dim of whole 32s ({n} x {})",
+                    p.head_dim
+                ),
+            ));
+        }
         let d = p.head_dim;
         let hd = kv_head_dim(d).ok_or_else(|| bad("attention", format!("head_dim {d}")))?;
         let quant = kv_quant(cache.kv_type);
@@ -381,6 +393,7 @@ impl CudaDevice {
                 part_o.f32(),
                 part_ml.f32(),
                 out.f32(),
+                q8,
                 counters.cast::<u32>(),
             )?;
         } else {

@@ -5,6 +5,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
 use super::error::{drv, CudaError};
+use super::types::Q8Ptrs;
 use super::CudaDevice;
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::sample::SampleParams;
@@ -168,6 +169,7 @@ impl CudaDevice {
         part_o: DevPtr<f32>,
         part_ml: DevPtr<f32>,
         out: DevPtr<f32>,
+        q8: Option<Q8Ptrs>,
         counters: DevPtr<u32>,
     ) -> Result<(), CudaError> {
         const OP: &str = "attn_decode";
@@ -248,6 +250,13 @@ impl CudaDevice {
             return Err(invalid(
                 OP,
                 "q / out / q_pos / block_table too small".into(),
+            ));
+        }
+        let (xq, xds) = q8.unwrap_or((DevPtr::null(), DevPtr::null()));
+        if q8.is_some() && (d % 32 != 0 || xq.len() < rows * d || xds.len() < rows * d / 16) {
+            return Err(invalid(
+                OP,
+                format!("int8 side-car for {rows} rows of {d}: head dim not whole groups of 32, or too small"),
             ));
         }
         if part_o.len() < rows * p.splits * d
@@ -335,9 +344,12 @@ impl CudaDevice {
             .arg(&p.v_scale)
             .arg(&p.softcap)
             .arg(&win);
+        let (xqr, xdsr) = (xq.raw(), xds.raw());
+        b.arg(&xqr).arg(&xdsr);
         // SAFETY: matches ops/attn_decode (q, k_cache, v_cache, block_table, q_pos, part_o,
         // part_ml, out, counters, hq, hkv, head_split, page_size, max_pages, min_chunk, scale,
-        // k_scale, v_scale, softcap, window); sizes checked above; the kernel clamps the key
+        // k_scale, v_scale, softcap, window, xq, xds: null or [batch][hq][d] int8 and
+        // [batch][hq][d / 32] float2, checked above); sizes checked above; the kernel clamps the key
         // count to max_pages * page_size and touches part_o / part_ml / counters only below
         // [batch][hq][splits] / [batch][hkv][head_split]; block table entries must be < the cache's pages
         // (the caller's contract: kv.rs passes an identity table).
@@ -362,9 +374,11 @@ impl CudaDevice {
                 .arg(&mp)
                 .arg(&min_chunk)
                 .arg(&win)
-                .arg(&splits);
+                .arg(&splits)
+                .arg(&xqr)
+                .arg(&xdsr);
             // SAFETY: matches `<name>__gqa_merge` in lib/attn_decode_gqa (q_pos, part_o, part_ml,
-            // out, hq, hkv, page_size, max_pages, min_chunk, window, splits), the same buffers
+            // out, hq, hkv, page_size, max_pages, min_chunk, window, splits, xq, xds), the same buffers
             // and sizes as the launch above.
             unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}__gqa_merge", spec.name)))?;
         }

@@ -17,6 +17,7 @@ use crate::backend::cuda::{
 };
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::attention_ref::{attention_decode, DecodeAttn};
+use crate::ops::qdot::quantize_q8_1;
 use crate::quant::{e4m3_to_f32, f32_to_e4m3};
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -238,6 +239,19 @@ impl KernelCheck for AttnDecodeCheck {
                 let p = &p;
                 // a fresh NaN output per entry: no entry passes on another's results
                 let out = dev.filled_f32(b * c.hq * d, f32::NAN)?;
+                // and a fresh side-car (head dims of whole 32s: what the backend asks for)
+                let side = if d % 32 == 0 {
+                    let n = b * c.hq * d;
+                    Some((
+                        dev.upload(&vec![0x55i8; n])?,
+                        dev.filled_f32(n / 16, f32::NAN)?,
+                    ))
+                } else {
+                    None
+                };
+                let q8 = side
+                    .as_ref()
+                    .map(|(xq, xds)| (DevPtr::of(xq), DevPtr::of(xds)));
                 let launch = || {
                     dev.attn_decode(
                         spec,
@@ -250,13 +264,18 @@ impl KernelCheck for AttnDecodeCheck {
                         DevPtr::of(&scratch.part_o),
                         DevPtr::of(&scratch.part_ml),
                         DevPtr::of(&out),
+                        q8,
                         DevPtr::of(&scratch.counters),
                     )
                 };
                 let zeros = vec![0f32; scratch.counters.len()];
                 for _ in 0..2 {
                     launch()?;
-                    cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
+                    let got = cx.dev.download(&out)?;
+                    if let Some((xq, xds)) = &side {
+                        side_car_exact(&got, &dev.download(xq)?, &dev.download(xds)?, entry)?;
+                    }
+                    cmp = cmp.merge(Comparison::new(&got, &want));
                     let counters: Vec<f32> = cx
                         .dev
                         .download(&scratch.counters)?
@@ -273,4 +292,27 @@ impl KernelCheck for AttnDecodeCheck {
         }
         Ok(Measured { cmp, micros })
     }
+}
+
+/// The int8 side-car an entry wrote must be, byte for byte, what `quantize_q8` makes of the
+/// output it wrote (`ops::qdot::quantize_q8_1`, which is bit-identical to that kernel).
+fn side_car_exact(out: &[f32], q: &[i8], ds: &[f32], entry: DecodeEntry) -> Result<(), CudaError> {
+    let bad = |detail: String| CudaError::Invalid {
+        op: "selftest attn_decode side-car",
+        detail: format!("{entry:?}: {detail}"),
+    };
+    let want = quantize_q8_1(out).map_err(|e| bad(e.to_string()))?;
+    if let Some(i) = (0..out.len()).find(|&i| q[i] != want.qs[i]) {
+        return Err(bad(format!("value {i}: int8 {} != {}", q[i], want.qs[i])));
+    }
+    for g in 0..want.d.len() {
+        let (d, s) = (ds[2 * g], ds[2 * g + 1]);
+        if d.to_bits() != want.d[g].to_bits() || s.to_bits() != want.s[g].to_bits() {
+            return Err(bad(format!(
+                "group {g}: {{d, d * sum}} = {{{d}, {s}}}, want {{{}, {}}}",
+                want.d[g], want.s[g]
+            )));
+        }
+    }
+    Ok(())
 }

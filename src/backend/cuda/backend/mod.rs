@@ -26,7 +26,7 @@ use super::error::CudaError;
 use super::graph::StepGraph;
 use super::launch_prefill::KernEntry;
 use super::launch_ptr::{Kern, KernQ8};
-use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
+use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType, Q8Side};
 use super::CudaDevice;
 use crate::backend::cuda::CudaSamplerState;
 use crate::backend::{
@@ -37,6 +37,13 @@ use crate::kernels::{BatchBucket, Op, Quant};
 use crate::weights::TensorRef;
 
 use step::StepState;
+
+/// Whether decode attention writes its output's int8 side-car (`FUCINA_ATTN_Q8=0` turns it off:
+/// the O projection then quantises in a launch of its own; read once).
+pub fn attn_q8_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FUCINA_ATTN_Q8").map_or(true, |v| v != "0"))
+}
 
 /// The CUDA backend: a device, its memory pool and the options the models' ops need.
 pub struct CudaBackend {
@@ -455,9 +462,23 @@ impl Backend for CudaBackend {
         }
         let pos = self.positions(pos0, q.rows)?;
         let max_pos = pos0 + q.rows - 1;
-        let buf = self
-            .dev
-            .attention(&self.pool, q.ptr(), q.rows, cache, pos.ptr, max_pos, p)?;
+        // a decode row's int8 side-car, written by the attention kernel: the O projection
+        // then needs no quantize launch
+        let q8 = if p.head_dim % 32 == 0 && attn_q8_enabled() {
+            self.q8_side(q.rows, width)?
+        } else {
+            None
+        };
+        let buf = self.dev.attention(
+            &self.pool,
+            q.ptr(),
+            q.rows,
+            cache,
+            pos.ptr,
+            max_pos,
+            p,
+            q8.as_ref().map(Q8Side::ptrs),
+        )?;
         if buf.bytes() < q.rows * width * 4 {
             return Err(BackendError::Device(format!(
                 "attention returned {} bytes for [{}, {width}]",
@@ -465,7 +486,7 @@ impl Backend for CudaBackend {
                 q.rows
             )));
         }
-        Ok(GpuTensor::new(buf, q.rows, width))
+        Ok(GpuTensor::new(buf, q.rows, width).with_q8(q8))
     }
 
     fn kv_truncate(&self, cache: &mut GpuKvCache, len: usize) -> Result<()> {
