@@ -310,7 +310,7 @@ impl CudaDevice {
     /// capacity). Returns `[n, n_heads * head_dim]` f32 from `pool`.
     ///
     /// n == 1: split-K decode (launch independent of the position: graph-capturable); with
-    /// `q8` it also writes the output's int8 side-car there (head dims of whole 32s), what
+    /// `q8` it also writes the output's int8 side-car there (head dims of whole 128s), what
     /// `quantize_q8` would make of it;
     /// n > 1: the prefill kernel over all rows at once.
     #[allow(clippy::too_many_arguments)]
@@ -326,11 +326,11 @@ impl CudaDevice {
         q8: Option<Q8Ptrs>,
     ) -> Result<DevBuf, CudaError> {
         check_attention(cache, n, max_pos, p)?;
-        if q8.is_some() && (n != 1 || p.head_dim % 32 != 0) {
+        if q8.is_some() && (n != 1 || p.head_dim % 128 != 0) {
             return Err(bad(
                 "attention",
                 format!(
-                    "an int8 side-car needs one row and a head dim of whole 32s ({n} x {})",
+                    "an int8 side-car needs one row and a head dim of whole 128s ({n} x {})",
                     p.head_dim
                 ),
             ));

@@ -253,10 +253,10 @@ impl CudaDevice {
             ));
         }
         let (xq, xds) = q8.unwrap_or((DevPtr::null(), DevPtr::null()));
-        if q8.is_some() && (d % 32 != 0 || xq.len() < rows * d || xds.len() < rows * d / 16) {
+        if q8.is_some() && (d % 128 != 0 || xq.len() < rows * d || xds.len() < rows * d / 16) {
             return Err(invalid(
                 OP,
-                format!("int8 side-car for {rows} rows of {d}: head dim not whole groups of 32, or too small"),
+                format!("int8 side-car for {rows} rows of {d}: head dim not a multiple of 128, or too small"),
             ));
         }
         if part_o.len() < rows * p.splits * d

@@ -239,8 +239,8 @@ impl KernelCheck for AttnDecodeCheck {
                 let p = &p;
                 // a fresh NaN output per entry: no entry passes on another's results
                 let out = dev.filled_f32(b * c.hq * d, f32::NAN)?;
-                // and a fresh side-car (head dims of whole 32s: what the backend asks for)
-                let side = if d % 32 == 0 {
+                // and a fresh side-car (head dims of whole 128s: what the backend asks for)
+                let side = if d % 128 == 0 {
                     let n = b * c.hq * d;
                     Some((
                         dev.upload(&vec![0x55i8; n])?,

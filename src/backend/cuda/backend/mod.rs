@@ -464,7 +464,7 @@ impl Backend for CudaBackend {
         let max_pos = pos0 + q.rows - 1;
         // a decode row's int8 side-car, written by the attention kernel: the O projection
         // then needs no quantize launch
-        let q8 = if p.head_dim % 32 == 0 && attn_q8_enabled() {
+        let q8 = if p.head_dim % 128 == 0 && attn_q8_enabled() {
             self.q8_side(q.rows, width)?
         } else {
             None
