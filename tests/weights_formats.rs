@@ -6,6 +6,9 @@ mod weights_common;
 use fucina::weights::{Checkpoint, TensorFormat, WeightsError};
 use weights_common::{f32s, St};
 
+/// One change to a tensor's header entry.
+type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+
 fn open(st: St) -> (tempfile::TempDir, Checkpoint) {
     let d = tempfile::tempdir().unwrap();
     st.write(&d.path().join("model.safetensors"));
@@ -151,7 +154,7 @@ fn weights_formats_lying_headers_never_panic() {
             .map(|d| d.as_u64().unwrap())
             .collect();
         let numel: u64 = shape.iter().product();
-        let mut edits: Vec<Box<dyn Fn(&mut serde_json::Value)>> = Vec::new();
+        let mut edits: Vec<Edit> = Vec::new();
         for d in same_size(entry["dtype"].as_str().unwrap()) {
             edits.push(Box::new(move |e| e["dtype"] = d.into()));
         }

@@ -476,6 +476,7 @@ pub trait Backend: Send + Sync + 'static {
     /// S <- exp(g) S; delta = beta (v - S^T k); S <- S + k delta^T; o = S^T q.
     /// q, k: `[n, n_v_heads*dk]` (already expanded to value heads, normalised, q scaled);
     /// v: `[n, n_v*dv]`; g, beta: `[n, n_v]`; state: `[n_v, dk*dv]` updated in place.
+    #[allow(clippy::too_many_arguments)]
     fn gated_delta_rule(
         &self,
         q: &Self::Tensor,

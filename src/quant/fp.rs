@@ -45,17 +45,14 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
     let e = e.max(-6);
     let step = 2f32.powi(e - 3); // spacing of representable values in this binade
     let q = (a / step).round_ties_even();
-    let v = q * step;
     // q in [8, 16] for normals (16 carries into the next binade), [0, 8) for subnormals
     let bits = if e == -6 && q < 8.0 {
         q as u8
     } else if q >= 16.0 {
-        let e2 = e + 1;
-        (((e2 + 7) as u8) << 3) | 0
+        ((e + 8) as u8) << 3 // mantissa 0 of the next binade
     } else {
         (((e + 7) as u8) << 3) | ((q as u8) - 8)
     };
-    let _ = v;
     sign | bits.min(0x7e)
 }
 

@@ -120,12 +120,7 @@ impl<'a> TensorRef<'a> {
     }
     /// Number of rows when viewed as `[numel / cols, cols]`.
     pub fn rows(&self) -> usize {
-        let c = self.cols();
-        if c == 0 {
-            0
-        } else {
-            self.numel() / c
-        }
+        self.numel().checked_div(self.cols()).unwrap_or(0)
     }
 
     fn invalid(&self, detail: impl Into<String>) -> WeightsError {

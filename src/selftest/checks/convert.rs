@@ -25,8 +25,8 @@ fn f32_to_e2m1(x: f32) -> u8 {
         return sign | 7;
     }
     let mut best = 0usize;
-    for c in 1..8 {
-        let (d, bd) = ((E2M1_GRID[c] - a).abs(), (E2M1_GRID[best] - a).abs());
+    for (c, &g) in E2M1_GRID.iter().enumerate().skip(1) {
+        let (d, bd) = ((g - a).abs(), (E2M1_GRID[best] - a).abs());
         if d < bd || (d == bd && c % 2 == 0) {
             best = c;
         }
