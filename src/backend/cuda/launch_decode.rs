@@ -418,30 +418,32 @@ mod tests {
     use super::{decode_key_has_gqa, decode_key_has_mma};
     use crate::kernels::{Op, KERNELS};
 
-    /// The launcher's rule names exactly the decode-attention instances whose rendered source
-    /// has the `__mma` entry (the template decides by head dim, cache type and arch).
-    #[test]
-    fn mma_rule_matches_the_rendered_entries() {
+    /// The decode-attention instances whose rendered source has the entry `<name>__<suffix>`,
+    /// checking that `rule` names exactly those (the template decides by head dim, cache type
+    /// and arch).
+    fn rendered_entries(suffix: &str, rule: fn(&crate::kernels::KernelKey) -> bool) -> usize {
         let mut with = 0;
         for spec in KERNELS.iter().filter(|s| s.key.op == Op::AttnDecode) {
-            let rendered = spec.source.contains(&format!("{}__mma(", spec.name));
-            assert_eq!(decode_key_has_mma(&spec.key), rendered, "{}", spec.name);
+            let rendered = spec.source.contains(&format!("{}__{suffix}(", spec.name));
+            assert_eq!(rule(&spec.key), rendered, "{}", spec.name);
             with += rendered as usize;
         }
-        // head dim 128 (FP8 and F16) and 256 (FP8) on sm_90a and sm_121a
+        with
+    }
+
+    /// The tensor-core entry `__mma`: head dim 128 (FP8 and F16) and 256 (FP8) on sm_90a and
+    /// sm_121a.
+    #[test]
+    fn mma_rule_matches_the_rendered_entries() {
+        let with = rendered_entries("mma", decode_key_has_mma);
         assert!(with >= 6, "{with} instances with a tensor-core entry");
     }
 
-    /// Likewise for the whole-group entry `__gqa` (head dims 256 and 512 on sm_89+).
+    /// The whole-group entry `__gqa`: head dims 256 and 512, FP8 and F16 caches, on sm_90a and
+    /// sm_121a.
     #[test]
     fn gqa_rule_matches_the_rendered_entries() {
-        let mut with = 0;
-        for spec in KERNELS.iter().filter(|s| s.key.op == Op::AttnDecode) {
-            let rendered = spec.source.contains(&format!("{}__gqa(", spec.name));
-            assert_eq!(decode_key_has_gqa(&spec.key), rendered, "{}", spec.name);
-            with += rendered as usize;
-        }
-        // head dims 256 and 512, FP8 and F16 caches, on sm_90a and sm_121a
+        let with = rendered_entries("gqa", decode_key_has_gqa);
         assert!(with >= 8, "{with} instances with a whole-group entry");
     }
 }
