@@ -512,4 +512,36 @@ pub trait Backend: Send + Sync + 'static {
         state: &mut Self::SamplerState,
         banned: &[u32],
     ) -> Result<u32>;
+
+    // ---- pipelined decode (model::common::replay) ----
+    /// `sample` started without waiting: the same draw on the last row of `logits` (borrowed:
+    /// a recorded step's output, penalised in place), the id read back in the background;
+    /// `sample_finish` returns it. Work queued after this call (the next step, fed the id by
+    /// `begin_forward_sampled`) runs while the host waits. Ok(false): not supported here
+    /// (nothing was started; sample with `sample`).
+    fn sample_begin(
+        &self,
+        _logits: &Self::Tensor,
+        _state: &mut Self::SamplerState,
+        _banned: &[u32],
+    ) -> Result<bool> {
+        Ok(false)
+    }
+    /// The id drawn by the last `sample_begin` of `state` (waits for it).
+    fn sample_finish(&self, _state: &mut Self::SamplerState) -> Result<u32> {
+        Err(BackendError::Unsupported {
+            op: "sample_finish",
+            backend: self.name(),
+            detail: "this backend samples synchronously".into(),
+        })
+    }
+    /// `begin_forward` of a one-token step at `pos0` whose token is the id the last
+    /// `sample_begin` of `state` draws, passed on the device (the host need not know it yet).
+    fn begin_forward_sampled(&self, _state: &Self::SamplerState, _pos0: usize) -> Result<()> {
+        Err(BackendError::Unsupported {
+            op: "begin_forward_sampled",
+            backend: self.name(),
+            detail: "this backend samples synchronously".into(),
+        })
+    }
 }

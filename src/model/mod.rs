@@ -182,6 +182,11 @@ impl<B: Backend> BackendSampler<B> {
         Ok(Self { backend, state })
     }
 
+    /// The backend's sampler state (what a pipelined step draws with).
+    pub fn state_mut(&mut self) -> &mut B::SamplerState {
+        &mut self.state
+    }
+
     /// Sample from the last row of a logits tensor on the backend (consumed).
     pub fn sample(&mut self, logits: B::Tensor, banned: &[u32]) -> Result<u32, ModelError> {
         self.backend

@@ -13,6 +13,8 @@ use super::models::{compare_greedy, greedy_verdict, load, Bounds, ModelRow, GREE
 use crate::backend::Backend;
 use crate::bench::presets;
 use crate::bench::synth::{self, FileQuant};
+use crate::engine::SamplingParams;
+use crate::model::CausalLm;
 
 /// (preset, file type) of each row.
 pub const SYNTH_CASES: [(&str, FileQuant); 3] = [
@@ -66,8 +68,25 @@ fn check_one<T: Backend, R: Backend>(
     let mt = load(&file.0, test.clone(), 256)?;
     let mr = load(&file.0, reference.clone(), 256)?;
     let c = compare_greedy(&mt, &mr, &PROMPT, GREEDY_STEPS)?;
+    // the same greedy steps drawn by the session's own sampler (on the GPU: pipelined, each
+    // step queued fed with the id the previous one drew) must pick the host argmax's tokens
+    let drawn = session_greedy(&mt, &PROMPT, GREEDY_STEPS)?;
     let bound = Bounds::for_case(p.arch).vs_ref;
     let (pass, tie) = greedy_verdict(&c, bound);
+    if let Some(i) = (0..drawn.len()).find(|&i| drawn.get(i) != c.test.get(i)) {
+        return Ok(ModelRow {
+            name: String::new(),
+            max_abs: c.err.abs,
+            max_rel: c.err.rel,
+            bound,
+            pass: false,
+            note: format!(
+                "session-sampled greedy token {i} is {:?}, the logits' argmax {:?}",
+                drawn.get(i),
+                c.test.get(i)
+            ),
+        });
+    }
     let note =
         match tie {
             None => format!("{} tokens equal", c.test.len()),
@@ -83,8 +102,33 @@ fn check_one<T: Backend, R: Backend>(
         max_rel: c.err.rel,
         bound,
         pass,
-        note,
+        note: format!("{note}; {} session-sampled tokens equal", drawn.len()),
     })
+}
+
+/// `steps` greedy tokens after `prompt` drawn by the session's sampler (`forward_sample`).
+fn session_greedy(m: &Arc<dyn CausalLm>, prompt: &[u32], steps: usize) -> Result<Vec<u32>, String> {
+    let mut s = m.clone().new_session();
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let vocab = m.info().vocab_size;
+    let mut sampler = s
+        .sampler(&greedy, prompt, vocab)
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(steps);
+    let mut t = s
+        .forward_sample(prompt, sampler.as_mut(), &[])
+        .map_err(|e| format!("session prefill: {e}"))?;
+    out.push(t);
+    while out.len() < steps {
+        t = s
+            .forward_sample(&[t], sampler.as_mut(), &[])
+            .map_err(|e| format!("session decode: {e}"))?;
+        out.push(t);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@ pub struct StepGraph {
     exec: sys::CUgraphExec,
     /// Kernel-to-kernel edges made programmatic (0 when PDL is off).
     pub programmatic_edges: usize,
+    /// Launches per replay (1 unless `FUCINA_REPLAY_REPEAT` asks more).
+    repeat: usize,
 }
 
 impl Drop for StepGraph {
@@ -169,7 +171,13 @@ impl CudaDevice {
             graph,
             exec: std::ptr::null_mut(),
             programmatic_edges: 0,
+            repeat: super::graph_ablate::replay_repeat(),
         };
+        let skip = super::graph_ablate::skip_patterns();
+        if !skip.is_empty() {
+            // SAFETY: the graph is ours and not instantiated yet.
+            unsafe { super::graph_ablate::remove_kernels(graph, &skip)? };
+        }
         if pdl_enabled(self.compute_capability().0) {
             // SAFETY: the graph is ours and not instantiated yet.
             step.programmatic_edges = unsafe { make_programmatic(graph)? };
@@ -205,13 +213,17 @@ impl CudaDevice {
         self.capture_flag().get()
     }
 
-    /// Launch a captured step on the stream.
+    /// Launch a captured step on the stream (`FUCINA_REPLAY_REPEAT` times, a profiling aid:
+    /// see graph_ablate).
     pub fn replay(&self, g: &StepGraph) -> Result<(), CudaError> {
         bind(self.stream())?;
-        // SAFETY: `exec` is a live executable graph of this context.
-        check(
-            unsafe { sys::cuGraphLaunch(g.exec, self.stream().cu_stream()) },
-            "launching a graph",
-        )
+        for _ in 0..g.repeat {
+            // SAFETY: `exec` is a live executable graph of this context.
+            check(
+                unsafe { sys::cuGraphLaunch(g.exec, self.stream().cu_stream()) },
+                "launching a graph",
+            )?;
+        }
+        Ok(())
     }
 }

@@ -218,6 +218,7 @@ impl CudaDevice {
         eps: f32,
         dim: usize,
         q8: Option<Q8Ptrs>,
+        chunks: Option<usize>,
     ) -> Result<(), CudaError> {
         const OP: &str = "norm_add_rms_norm";
         expect(k, &[Op::NormAddRmsNorm], OP)?;
@@ -240,7 +241,13 @@ impl CudaDevice {
         let (qp, dp) = q8_args(OP, q8, n, dim)?;
         // rmsnorm's block size for this dim: the same reduction order, the same bits
         let threads = super::launch_ptr::norm_block_threads(k.spec, dim);
-        let chunks = norm_add_chunks(n / dim, dim, threads as usize);
+        // chunks: the caller's (at most the values per thread: each chunk stores whole rows of
+        // blockDim.x values), else the default split
+        let per = dim.div_ceil(threads as usize);
+        let chunks = match chunks {
+            Some(c) if n == dim => c.clamp(1, per.clamp(1, 4)),
+            _ => norm_add_chunks(n / dim, dim, threads as usize),
+        };
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, n / dim)?, grid(OP, chunks)?, 1),
             block_dim: (threads, 1, 1),

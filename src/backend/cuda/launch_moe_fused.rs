@@ -352,7 +352,12 @@ impl CudaDevice {
         expect(k, &[Op::MoeGateUp], OP)?;
         let eb = check_gate_up(k.spec.key.quant, a)? as i64;
         let warps = param(k.spec, "warps", 16);
-        let smem = stage_smem(k, OP, warps, buffers(k.spec, 4))?;
+        // the register-direct form (params.direct = 1) stages nothing
+        let smem = if param(k.spec, "direct", 0) == 1 {
+            0
+        } else {
+            stage_smem(k, OP, warps, buffers(k.spec, 4))?
+        };
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, a.ff / GATE_UP_ROWS)?, a.pairs as u32, 1),
             block_dim: (warps * 32, 1, 1),
@@ -379,7 +384,8 @@ impl CudaDevice {
         // (const u8* wg, const u8* wu, long long expert_bytes, int n_experts, const int* ids,
         //  const i8* xq, const float2* xds, int k, int ff, int x_div, int act, float* h, i8* hq,
         //  float2* hds), `warps` * 32 threads, grid (ff / 32, pairs), warps * stages chunk
-        //  buffers of dynamic shared memory (the kernel traps on less); banks, side-cars, ids and
+        //  buffers of dynamic shared memory (the kernel traps on less; none for the direct
+        //  form); banks, side-cars, ids and
         // outputs checked above; expert ids out of range are caught by the kernel.
         self.go(
             k,
@@ -523,6 +529,16 @@ mod tests {
         let mut seen = 0;
         for spec in crate::kernels::KERNELS {
             if !matches!(spec.key.op, Op::MoeGateUp | Op::MoeDown) {
+                continue;
+            }
+            if param(spec, "direct", 0) == 1 {
+                // the register-direct form stages nothing (launched with no dynamic smem)
+                assert!(
+                    !spec.source.contains("md_check_smem(WARPS"),
+                    "{}: a direct instance must not check staged smem",
+                    spec.name
+                );
+                seen += 1;
                 continue;
             }
             let line = spec

@@ -11,6 +11,7 @@ pub mod buf;
 mod device;
 mod error;
 pub mod graph;
+mod graph_ablate;
 pub mod kv;
 mod launch;
 pub mod launch_attn;
@@ -27,6 +28,7 @@ pub mod moe_decode;
 pub mod moe_grouped;
 mod moe_prefill;
 mod probe;
+mod readback;
 mod sampler;
 pub mod types;
 

@@ -15,8 +15,9 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::backend::CudaBackend;
-use super::buf::{read_ptr, DevBuf, DevPtr};
+use super::buf::{bind, read_ptr, DevBuf, DevPtr};
 use super::error::{drv, CudaError};
+use super::readback::TokenReadback;
 use super::types::GpuTensor;
 use super::CudaDevice;
 use crate::backend::BackendError;
@@ -59,6 +60,8 @@ pub struct CudaSamplerState {
     /// Banned ids (i32 x MAX_BANNED) and the set last uploaded.
     banned: DevBuf,
     banned_now: Vec<u32>,
+    /// The background read of `out` (`sample_begin`), made on first use.
+    readback: Option<TokenReadback>,
 }
 
 fn be_err(e: CudaError) -> BackendError {
@@ -140,6 +143,7 @@ impl CudaBackend {
                 counts,
                 banned: self.pool.alloc_persistent(MAX_BANNED * 4)?,
                 banned_now: Vec::new(),
+                readback: None,
             })
         };
         mk().map_err(be_err)
@@ -169,6 +173,57 @@ impl CudaBackend {
         st: &mut CudaSamplerState,
         banned: &[u32],
     ) -> Result<u32, BackendError> {
+        self.enqueue_sample(&logits, st, banned)?;
+        let id = read_ptr(self.dev.stream(), st.out.ptr::<i32>(), 1).map_err(be_err)?[0];
+        drop(logits);
+        checked_id(id, st.vocab)
+    }
+
+    /// `Backend::sample_begin`: the same launches, the id read back in the background.
+    pub fn sample_begin_impl(
+        &self,
+        logits: &GpuTensor,
+        st: &mut CudaSamplerState,
+        banned: &[u32],
+    ) -> Result<bool, BackendError> {
+        if !pipeline_enabled() {
+            return Ok(false);
+        }
+        self.enqueue_sample(logits, st, banned)?;
+        bind(self.dev.stream()).map_err(be_err)?;
+        if st.readback.is_none() {
+            st.readback = Some(TokenReadback::new().map_err(be_err)?);
+        }
+        let rb = st.readback.as_mut().expect("created above");
+        rb.start(self.dev.stream().cu_stream(), st.out.ptr::<i32>())
+            .map_err(be_err)?;
+        Ok(true)
+    }
+
+    /// `Backend::sample_finish`.
+    pub fn sample_finish_impl(&self, st: &mut CudaSamplerState) -> Result<u32, BackendError> {
+        bind(self.dev.stream()).map_err(be_err)?;
+        let rb = st
+            .readback
+            .as_mut()
+            .ok_or_else(|| be_err(invalid("sample_finish", "no sample was started".into())))?;
+        let id = rb.finish().map_err(be_err)?;
+        checked_id(id, st.vocab)
+    }
+
+    /// Where the id of the sampler's last draw lands on the device (`begin_forward_sampled`).
+    pub fn sampled_id_ptr(st: &CudaSamplerState) -> DevPtr<i32> {
+        st.out.ptr::<i32>()
+    }
+
+    /// Penalties, bans, the draw and the count update on the last row of `logits`, queued on
+    /// the stream; the id lands in `st.out`.
+    fn enqueue_sample(
+        &self,
+        logits: &GpuTensor,
+        st: &mut CudaSamplerState,
+        banned: &[u32],
+    ) -> Result<(), BackendError> {
         if logits.rows == 0 || logits.cols != st.vocab {
             return Err(BackendError::Shape {
                 op: "sample",
@@ -184,7 +239,7 @@ impl CudaBackend {
                 detail: format!("{} banned ids (at most {MAX_BANNED})", banned.len()),
             });
         }
-        let run = |st: &mut CudaSamplerState| -> Result<u32, CudaError> {
+        let run = |st: &mut CudaSamplerState| -> Result<(), CudaError> {
             let row = logits
                 .ptr()
                 .slice((logits.rows - 1) * st.vocab, st.vocab)
@@ -224,16 +279,24 @@ impl CudaBackend {
             if let Some(counts) = &st.counts {
                 self.dev.penalties_count(pen, out, 0, counts.ptr::<u32>())?;
             }
-            let id = read_ptr(self.dev.stream(), out, 1)?[0];
-            u32::try_from(id)
-                .ok()
-                .filter(|&i| (i as usize) < st.vocab)
-                .ok_or_else(|| invalid("sample", format!("the kernel returned id {id}")))
+            Ok(())
         };
-        let id = run(st).map_err(be_err)?;
-        drop(logits);
-        Ok(id)
+        run(st).map_err(be_err)
     }
+}
+
+/// Whether decode steps are pipelined (`FUCINA_PIPELINE=0` turns it off, to measure it).
+pub fn pipeline_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FUCINA_PIPELINE").as_deref() != Ok("0"))
+}
+
+/// A sampled id as a token of a vocabulary of `vocab`.
+fn checked_id(id: i32, vocab: usize) -> Result<u32, BackendError> {
+    u32::try_from(id)
+        .ok()
+        .filter(|&i| (i as usize) < vocab)
+        .ok_or_else(|| be_err(invalid("sample", format!("the kernel returned id {id}"))))
 }
 
 impl CudaDevice {

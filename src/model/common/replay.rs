@@ -38,12 +38,25 @@ enum State<B: Backend> {
 /// One session's recorded decode step.
 pub struct StepReplay<B: Backend> {
     state: State<B>,
+    /// `(pos, token)`: a replay at `pos` fed on the device with the id the host then read as
+    /// `token` is queued (see [`StepReplay::step_sampled`]).
+    inflight: Option<(usize, u32)>,
 }
 
 impl<B: Backend> Default for StepReplay<B> {
     fn default() -> Self {
-        StepReplay { state: State::Cold }
+        StepReplay {
+            state: State::Cold,
+            inflight: None,
+        }
     }
+}
+
+/// What a pipelined step returns: the sampled id and copies of the recorded step's outputs
+/// after the first (the logits), made before the next step was queued.
+pub struct SampledStep<T> {
+    pub token: u32,
+    pub rest: Vec<T>,
 }
 
 fn owned_copy<B: Backend>(be: &B, t: &B::Tensor) -> R<B::Tensor> {
@@ -57,6 +70,78 @@ impl<B: Backend> StepReplay<B> {
         matches!(self.state, State::Recorded { .. })
     }
 
+    /// Forget a queued step (the session's state changes otherwise: a prompt, a rewind). The
+    /// queued replay still runs before anything queued later; what it wrote (the K/V row at its
+    /// position, the recorded outputs) is rewritten before it is read again.
+    pub fn forget_inflight(&mut self) {
+        self.inflight = None;
+    }
+
+    /// A single-token step of `token` at `pos0` and the draw from its logits (the first
+    /// output), pipelined: when the replay at `pos0` was already queued for this token (the id
+    /// the previous call returned), it is not queued again; once the draw is queued and
+    /// `next_pos` is Some, the replay at `next_pos` is queued too, fed the drawn id on the
+    /// device, before the host waits for the id. So the device goes from one step to the next
+    /// without waiting for the host. Only for sessions whose state a step rewrites rather than
+    /// accumulates (K/V rows, not recurrent state): a queued step the caller does not take
+    /// leaves nothing that is read before it is rewritten.
+    ///
+    /// Falls back to `step_many` and `Backend::sample` before the step is recorded or when the
+    /// backend samples synchronously.
+    pub fn step_sampled(
+        &mut self,
+        be: &B,
+        token: u32,
+        pos0: usize,
+        next_pos: Option<usize>,
+        sampler: &mut B::SamplerState,
+        banned: &[u32],
+        run: impl FnMut() -> R<Vec<B::Tensor>>,
+    ) -> R<SampledStep<B::Tensor>> {
+        let fed = self.inflight.take() == Some((pos0, token));
+        let State::Recorded { step, outs } = &self.state else {
+            let mut v = self.step_many(be, &[token], pos0, run)?;
+            if v.is_empty() {
+                return Err(ModelError::Other("recorded step returned no tensor".into()));
+            }
+            let logits = v.remove(0);
+            let token = bk!(be.sample(logits, sampler, banned))?;
+            return Ok(SampledStep { token, rest: v });
+        };
+        if !fed {
+            bk!(be.begin_forward(&[token], pos0))?;
+            bk!(be.replay(step))?;
+        }
+        let logits = outs
+            .first()
+            .ok_or_else(|| ModelError::Other("recorded step has no outputs".into()))?;
+        if !bk!(be.sample_begin(logits, sampler, banned))? {
+            // a backend that samples synchronously: no pipelining
+            let rest = outs[1..]
+                .iter()
+                .map(|t| owned_copy(be, t))
+                .collect::<R<Vec<_>>>()?;
+            let l = owned_copy(be, logits)?;
+            let token = bk!(be.sample(l, sampler, banned))?;
+            return Ok(SampledStep { token, rest });
+        }
+        let rest = outs[1..]
+            .iter()
+            .map(|t| owned_copy(be, t))
+            .collect::<R<Vec<_>>>()?;
+        let queued = match next_pos {
+            Some(p) => {
+                bk!(be.begin_forward_sampled(sampler, p))?;
+                bk!(be.replay(step))?;
+                Some(p)
+            }
+            None => None,
+        };
+        let token = bk!(be.sample_finish(sampler))?;
+        self.inflight = queued.map(|p| (p, token));
+        Ok(SampledStep { token, rest })
+    }
+
     /// One single-token step of `tokens` at `pos0`: `run` computes it directly (and is what
     /// gets recorded); returns its output tensors (copies that outlive the next replay).
     pub fn step_many(
@@ -66,6 +151,7 @@ impl<B: Backend> StepReplay<B> {
         pos0: usize,
         mut run: impl FnMut() -> R<Vec<B::Tensor>>,
     ) -> R<Vec<B::Tensor>> {
+        self.inflight = None;
         match &self.state {
             State::Recorded { step, outs } => {
                 bk!(be.begin_forward(tokens, pos0))?;

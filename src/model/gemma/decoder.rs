@@ -542,6 +542,7 @@ impl<B: Backend> GemmaSession<B> {
     /// then replayed (`StepReplay`). A failure drops whatever the step wrote, so the session
     /// stays usable.
     fn pass(&mut self, tokens: &[u32], all: bool) -> Result<B::Tensor, ModelError> {
+        self.graph.forget_inflight();
         if tokens.is_empty() {
             return Err(ModelError::Empty);
         }
@@ -608,6 +609,60 @@ impl<B: Backend> GemmaSession<B> {
     }
 }
 
+impl<B: Backend> GemmaSession<B> {
+    /// `pass` of one token and the draw from its logits, pipelined: the next step is queued
+    /// fed with the drawn id before the host waits for it (`StepReplay::step_sampled`; every
+    /// per-step state here is a K/V row, rewritten before it is read).
+    fn pass_sampled(
+        &mut self,
+        token: u32,
+        s: &mut BackendSampler<B>,
+        banned: &[u32],
+    ) -> Result<u32, ModelError> {
+        let model = Arc::clone(&self.model);
+        let m = &*model;
+        if token as usize >= m.spec.vocab {
+            return Err(ModelError::BadToken {
+                id: token,
+                vocab: m.spec.vocab,
+            });
+        }
+        let max = m.spec.max_context;
+        if self.len + 1 > max {
+            return Err(ModelError::ContextOverflow {
+                len: self.len + 1,
+                max,
+            });
+        }
+        let pos0 = self.len;
+        let next = (pos0 + 2 <= max).then_some(pos0 + 1);
+        let caches = &mut self.caches;
+        let run = || -> Result<Vec<B::Tensor>, ModelError> {
+            let h = m.hidden_states(&[token], pos0, caches)?;
+            // one row keeps the final norm's int8 side-car for the head's GEMV
+            let logits = m.logits_tensor(&h)?;
+            Ok(vec![logits, h])
+        };
+        let r = self
+            .graph
+            .step_sampled(&*m.backend, token, pos0, next, s.state_mut(), banned, run);
+        match r {
+            Ok(mut st) => {
+                self.hidden = st.rest.pop();
+                self.len += 1;
+                Ok(st.token)
+            }
+            Err(e) => {
+                let keep = self.len;
+                for c in self.caches.iter_mut().flatten() {
+                    let _ = self.model.backend.kv_truncate(c, keep);
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
 impl<B: Backend> Session for GemmaSession<B> {
     fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Logits, ModelError> {
         let l = self.pass(tokens, all)?;
@@ -641,6 +696,7 @@ impl<B: Backend> Session for GemmaSession<B> {
         banned: &[u32],
     ) -> Result<u32, ModelError> {
         match sampler.as_any_mut().downcast_mut::<BackendSampler<B>>() {
+            Some(s) if tokens.len() == 1 => self.pass_sampled(tokens[0], s, banned),
             Some(s) => {
                 let l = self.pass(tokens, false)?;
                 s.sample(l, banned)
@@ -654,6 +710,7 @@ impl<B: Backend> Session for GemmaSession<B> {
     }
 
     fn rewind(&mut self, n: usize) -> Result<(), ModelError> {
+        self.graph.forget_inflight();
         if n > self.len {
             return Err(ModelError::Rewind {
                 to: n,

@@ -380,6 +380,7 @@ impl<B: Backend> QwenSession<B> {
     /// The forward pass; returns the logits tensor (last row, or every row when `all`). A
     /// one-token step is recorded once and then replayed (see `StepReplay`).
     fn run(&mut self, tokens: &[u32], all: bool) -> R<B::Tensor> {
+        self.graph.forget_inflight();
         let model = Arc::clone(&self.model);
         let be = &*model.be;
         let chunk = prefill_chunk().max(1);
@@ -462,6 +463,53 @@ impl<B: Backend> QwenSession<B> {
         Ok(bk!(be.linear(&h, m.lm_head.as_ref().unwrap_or(&m.embed)))?)
     }
 
+    /// Whether one-token steps may be pipelined (`StepReplay::step_sampled`): every layer's
+    /// state is a KV cache (a recurrent state would keep what a step not taken wrote).
+    fn pipelinable(&self) -> bool {
+        self.states
+            .as_ref()
+            .is_some_and(|v| v.iter().all(|s| matches!(s, LayerState::Kv(_))))
+    }
+
+    /// The checks of `step`, then a pipelined one-token step and draw (the next step queued
+    /// fed with the drawn id, see `StepReplay::step_sampled`).
+    fn step_pipelined(&mut self, token: u32, s: &mut BackendSampler<B>, banned: &[u32]) -> R<u32> {
+        if self.broken {
+            return Err(ModelError::Other(
+                "session state is invalid after a failed step; rewind to 0".into(),
+            ));
+        }
+        let vocab = self.model.info.vocab_size;
+        if token as usize >= vocab {
+            return Err(ModelError::BadToken { id: token, vocab });
+        }
+        let max = self.model.info.max_context;
+        if self.len + 1 > max {
+            return Err(ModelError::ContextOverflow {
+                len: self.len + 1,
+                max,
+            });
+        }
+        let model = Arc::clone(&self.model);
+        let pos0 = self.len;
+        let next = (pos0 + 2 <= max).then_some(pos0 + 1);
+        let mut graph = std::mem::take(&mut self.graph);
+        let r = graph.step_sampled(&*model.be, token, pos0, next, s.state_mut(), banned, || {
+            Ok(vec![self.run_ops(&[token], false)?])
+        });
+        self.graph = graph;
+        match r {
+            Ok(st) => {
+                self.len += 1;
+                Ok(st.token)
+            }
+            Err(e) => {
+                self.broken = true;
+                Err(e)
+            }
+        }
+    }
+
     /// Checks, the forward pass, then `finish` on its logits; a failure marks the session
     /// broken.
     fn step<T>(
@@ -533,6 +581,9 @@ impl<B: Backend> Session for QwenSession<B> {
         banned: &[u32],
     ) -> R<u32> {
         match sampler.as_any_mut().downcast_mut::<BackendSampler<B>>() {
+            Some(s) if tokens.len() == 1 && self.pipelinable() => {
+                self.step_pipelined(tokens[0], s, banned)
+            }
             Some(s) => self.step(tokens, false, |_, logits| s.sample(logits, banned)),
             None => host_forward_sample(self, tokens, sampler, banned),
         }
@@ -543,6 +594,7 @@ impl<B: Backend> Session for QwenSession<B> {
     }
 
     fn rewind(&mut self, n: usize) -> R<()> {
+        self.graph.forget_inflight();
         if n == 0 {
             // the recorded step points at the caches dropped here
             self.graph = StepReplay::default();

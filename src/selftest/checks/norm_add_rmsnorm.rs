@@ -100,6 +100,7 @@ impl KernelCheck for NormAddRmsNormCheck {
                     eps,
                     dim,
                     q8,
+                    None,
                 )
             };
             launch()?;

@@ -40,6 +40,25 @@ fn norm_ptr(op: &'static str, n: &Norm<'_, GpuTensor>, dim: usize) -> Result<Nor
     Ok(p)
 }
 
+/// The blocks a one-row `add_rms_norm` of `dim` values spreads over through the
+/// `norm_add_rmsnorm` kernel (the same bits), or None for the one-block `add_rmsnorm` kernel.
+/// Measured on the H200 (session 10): rows of 1025..=2048 values (two per thread at 1024
+/// threads) gain from two blocks (Qwen3-30B-A3B decode +3%), 4096-value rows from none (one to
+/// four blocks within 0.5%). `FUCINA_ADD_NORM_CHUNKS=N` overrides (0: the one-block kernel).
+fn add_norm_chunks(dim: usize) -> Option<usize> {
+    static ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let env = *ENV.get_or_init(|| {
+        std::env::var("FUCINA_ADD_NORM_CHUNKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    match env {
+        Some(0) => None,
+        Some(c) => Some(c),
+        None => (1025..=2048).contains(&dim).then_some(2),
+    }
+}
+
 impl CudaBackend {
     pub(super) fn add_rms_norm_impl(
         &self,
@@ -90,6 +109,28 @@ impl CudaBackend {
                 side.ptr(),
             )?;
             return Ok((s, n.with_bf16(Some(side))));
+        }
+        if let Some(chunks) = add_norm_chunks(dim).filter(|_| h.rows == 1 && dim == h.cols) {
+            // one decode row: the chunked kernel (its blocks share the row's stores and
+            // side-car; the same bits as add_rmsnorm, see norm_add_rmsnorm.cu.tera)
+            let k = self.kern(Op::NormAddRmsNorm, Quant::F32, BatchBucket::Any)?;
+            self.dev.norm_add_rms_norm_ptr(
+                &k,
+                h.ptr(),
+                y.ptr(),
+                s.ptr(),
+                NormAddWeights {
+                    post: None,
+                    norm: wp,
+                },
+                1.0,
+                n.ptr(),
+                eps,
+                dim,
+                q8.as_ref().map(Q8Side::ptrs),
+                Some(chunks),
+            )?;
+            return Ok((s, n.with_q8(q8)));
         }
         let k = self.kern(Op::AddRmsNorm, Quant::F32, BatchBucket::Any)?;
         self.dev.add_rms_norm_ptr(
@@ -165,6 +206,7 @@ impl CudaBackend {
             eps,
             dim,
             q8.as_ref().map(Q8Side::ptrs),
+            None,
         )?;
         Ok((s, n.with_q8(q8)))
     }

@@ -217,6 +217,29 @@ impl Backend for CudaBackend {
         self.sample_impl(logits, state, banned)
     }
 
+    fn sample_begin(
+        &self,
+        logits: &GpuTensor,
+        state: &mut CudaSamplerState,
+        banned: &[u32],
+    ) -> Result<bool> {
+        self.sample_begin_impl(logits, state, banned)
+    }
+
+    fn sample_finish(&self, state: &mut CudaSamplerState) -> Result<u32> {
+        self.sample_finish_impl(state)
+    }
+
+    fn begin_forward_sampled(&self, state: &CudaSamplerState, pos0: usize) -> Result<()> {
+        if self.dev.capturing() {
+            return Err(BackendError::Device(
+                "begin_forward_sampled while recording a step".into(),
+            ));
+        }
+        let src = CudaBackend::sampled_id_ptr(state);
+        Ok(self.step().begin_device(&self.pool, src, pos0)?)
+    }
+
     fn record_begin(&self) -> Result<bool> {
         if std::env::var_os("FUCINA_NO_GRAPHS").is_some() {
             return Ok(false);

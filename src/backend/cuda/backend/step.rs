@@ -9,7 +9,9 @@
 
 use std::sync::Arc;
 
-use super::super::buf::{DevBuf, DevPtr, Pool};
+use cudarc::driver::sys;
+
+use super::super::buf::{bind, copy, DevBuf, DevPtr, Pool};
 use super::super::error::CudaError;
 
 /// Host view of what the step buffer holds.
@@ -102,6 +104,55 @@ impl StepState {
     }
 
     /// Whether `ids` are this pass's ids.
+    /// `begin` of a one-token step at `pos0` whose token is `src[0]` on the device (a sampled
+    /// id the host has not read yet): stream-ordered copies into the one-token buffer. The
+    /// step's ids are unknown here, so no recording can start from it.
+    pub fn begin_device(
+        &mut self,
+        pool: &Arc<Pool>,
+        src: DevPtr<i32>,
+        pos0: usize,
+    ) -> Result<(), CudaError> {
+        let bad = |detail: String| CudaError::Invalid {
+            op: "begin_forward_sampled",
+            detail,
+        };
+        let pos = i32::try_from(pos0).map_err(|_| bad(format!("position {pos0} exceeds i32")))?;
+        let src = src
+            .slice(0, 1)
+            .ok_or_else(|| bad("no sampled id to read".into()))?;
+        if let Some(b) = self.buf.take() {
+            if self.n == 1 {
+                self.single = Some(b);
+            } else {
+                self.multi = Some(b);
+            }
+        }
+        let b = match self.single.take() {
+            Some(b) => b,
+            None => pool.alloc_persistent(2 * 4)?,
+        };
+        let slot = |i: usize| {
+            b.ptr::<i32>()
+                .slice(i, 1)
+                .ok_or_else(|| bad("the one-token buffer holds two values".into()))
+        };
+        let (id_at, pos_at) = (slot(0)?, slot(1)?);
+        let stream = pool.stream();
+        copy(stream, id_at, src)?;
+        bind(stream)?;
+        // SAFETY: `pos_at` addresses one i32 of the buffer; the value is passed by value.
+        let r = unsafe { sys::cuMemsetD32Async(pos_at.raw(), pos as u32, 1, stream.cu_stream()) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(bad(format!("writing the position: {r:?}")));
+        }
+        self.buf = Some(b);
+        self.ids.clear();
+        self.pos0 = pos0;
+        self.n = 1;
+        Ok(())
+    }
+
     pub fn ids_match(&self, ids: &[u32]) -> bool {
         self.n > 0 && self.ids == ids
     }

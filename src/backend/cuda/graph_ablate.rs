@@ -1,0 +1,148 @@
+//! Profiling aids for recorded decode steps, for measuring what a kernel costs *inside* the
+//! graph (where programmatic launches overlap kernels, so isolated timings such as ncu's do not
+//! add up to the step time). Neither is for use outside measurements: an ablated step computes
+//! wrong values.
+//!
+//! - `FUCINA_GRAPH_SKIP=pat1,pat2`: kernel nodes whose function name contains one of the
+//!   patterns are removed from a captured step before it is instantiated, each predecessor
+//!   joined to each successor. The decode rate with and without a kernel is its in-graph cost.
+//! - `FUCINA_REPLAY_REPEAT=N`: every replay launches the step N times (the extra launches
+//!   recompute the same token at the same position). The per-token time at N = 1 and N = 2
+//!   separates the step's device time from the host's time between steps.
+
+use std::ffi::CStr;
+
+use cudarc::driver::sys;
+
+use super::error::CudaError;
+
+fn check(r: sys::CUresult, what: &'static str) -> Result<(), CudaError> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Invalid {
+            op: "graph ablation",
+            detail: format!("{what}: {r:?}"),
+        })
+    }
+}
+
+/// The patterns of `FUCINA_GRAPH_SKIP` (empty when unset).
+pub fn skip_patterns() -> Vec<String> {
+    std::env::var("FUCINA_GRAPH_SKIP")
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Launches per replay (`FUCINA_REPLAY_REPEAT`, at least 1).
+pub fn replay_repeat() -> usize {
+    std::env::var("FUCINA_REPLAY_REPEAT")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// The function name of a kernel node, None for other nodes.
+///
+/// # Safety
+/// `node` must be a valid node of a graph not being executed concurrently.
+unsafe fn kernel_name(node: sys::CUgraphNode) -> Option<String> {
+    let mut t = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+    if sys::cuGraphNodeGetType(node, &mut t) != sys::CUresult::CUDA_SUCCESS
+        || t != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL
+    {
+        return None;
+    }
+    let mut p: sys::CUDA_KERNEL_NODE_PARAMS = std::mem::zeroed();
+    if sys::cuGraphKernelNodeGetParams_v2(node, &mut p) != sys::CUresult::CUDA_SUCCESS
+        || p.func.is_null()
+    {
+        return None;
+    }
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    if sys::cuFuncGetName(&mut name, p.func) != sys::CUresult::CUDA_SUCCESS || name.is_null() {
+        return None;
+    }
+    Some(CStr::from_ptr(name).to_string_lossy().into_owned())
+}
+
+/// Nodes joined to `node` by an edge: its predecessors (`deps`) or its successors.
+///
+/// # Safety
+/// As [`kernel_name`].
+unsafe fn neighbours(
+    node: sys::CUgraphNode,
+    deps: bool,
+) -> Result<Vec<sys::CUgraphNode>, CudaError> {
+    let get = |out: *mut sys::CUgraphNode, n: &mut usize| {
+        if deps {
+            sys::cuGraphNodeGetDependencies_v2(node, out, std::ptr::null_mut(), n)
+        } else {
+            sys::cuGraphNodeGetDependentNodes_v2(node, out, std::ptr::null_mut(), n)
+        }
+    };
+    let mut n = 0usize;
+    check(get(std::ptr::null_mut(), &mut n), "counting a node's edges")?;
+    let mut v = vec![std::ptr::null_mut(); n];
+    if n > 0 {
+        check(get(v.as_mut_ptr(), &mut n), "reading a node's edges")?;
+        v.truncate(n);
+    }
+    Ok(v)
+}
+
+/// Remove from `g` every kernel node whose name contains one of `patterns`, joining each
+/// removed node's predecessors to its successors. Returns how many nodes went.
+///
+/// # Safety
+/// `g` must be a valid graph, not instantiated or executed concurrently.
+pub unsafe fn remove_kernels(g: sys::CUgraph, patterns: &[String]) -> Result<usize, CudaError> {
+    if patterns.is_empty() {
+        return Ok(0);
+    }
+    let mut n = 0usize;
+    check(
+        sys::cuGraphGetNodes(g, std::ptr::null_mut(), &mut n),
+        "counting graph nodes",
+    )?;
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    check(
+        sys::cuGraphGetNodes(g, nodes.as_mut_ptr(), &mut n),
+        "reading graph nodes",
+    )?;
+    nodes.truncate(n);
+    let mut removed = 0;
+    for node in nodes {
+        let Some(name) = kernel_name(node) else {
+            continue;
+        };
+        if !patterns.iter().any(|p| name.contains(p.as_str())) {
+            continue;
+        }
+        let pre = neighbours(node, true)?;
+        let post = neighbours(node, false)?;
+        check(sys::cuGraphDestroyNode(node), "removing a node")?;
+        for a in &pre {
+            for b in &post {
+                check(
+                    sys::cuGraphAddDependencies_v2(g, a, b, std::ptr::null(), 1),
+                    "joining a removed node's neighbours",
+                )?;
+            }
+        }
+        removed += 1;
+    }
+    tracing::warn!(
+        removed,
+        ?patterns,
+        "FUCINA_GRAPH_SKIP: kernels removed from the recorded step (profiling only: wrong values)"
+    );
+    Ok(removed)
+}
