@@ -405,7 +405,12 @@ impl CudaDevice {
         let eb = check_down(k.spec.key.quant, max_k, a)? as i64;
         let warps = param(k.spec, "warps", 8);
         let rows = param(k.spec, "rows", 8).max(1) as usize;
-        let smem = stage_smem(k, OP, warps, buffers(k.spec, 8))?;
+        // the register-direct form (params.direct = 1) stages nothing
+        let smem = if param(k.spec, "direct", 0) == 1 {
+            0
+        } else {
+            stage_smem(k, OP, warps, buffers(k.spec, 8))?
+        };
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, a.out.div_ceil(rows))?, a.n as u32, 1),
             block_dim: (warps * 32, 1, 1),
