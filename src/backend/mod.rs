@@ -440,6 +440,26 @@ pub trait Backend: Send + Sync + 'static {
     /// (`router` `[n_experts, in]`), then [`Backend::moe`]. Default: `linear`, then `moe`; a
     /// backend may route and run the experts in fewer launches (the CUDA backend's one-row
     /// decode path: router GEMV + top-k, gate/up + GLU, down + weighted sum).
+    /// `add_rms_norm(h, y, w, eps, h.cols)` then `moe_routed` of the normed row, as one op:
+    /// returns `(h + y, moe_routed(norm(h + y)))`, or None when this backend does not fuse the
+    /// two for these inputs (the caller then runs them one after the other; same results up to
+    /// rounding). Default: None.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm_moe_routed(
+        &self,
+        _h: &Self::Tensor,
+        _y: &Self::Tensor,
+        _w: Norm<'_, Self::Tensor>,
+        _eps: f32,
+        _router: &Self::Weight,
+        _gate: &Self::Weight,
+        _up: &Self::Weight,
+        _down: &Self::Weight,
+        _p: &MoeParams,
+    ) -> Result<Option<(Self::Tensor, Self::Tensor)>> {
+        Ok(None)
+    }
+
     fn moe_routed(
         &self,
         x: &Self::Tensor,

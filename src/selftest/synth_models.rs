@@ -17,10 +17,12 @@ use crate::engine::SamplingParams;
 use crate::model::CausalLm;
 
 /// (preset, file type) of each row.
-pub const SYNTH_CASES: [(&str, FileQuant); 3] = [
+pub const SYNTH_CASES: [(&str, FileQuant); 4] = [
     ("tiny-qwen3", FileQuant::Q4_0),
     ("tiny-qwen3", FileQuant::Q4KM),
     ("tiny-gemma4", FileQuant::Q4_0),
+    // F32 router, Q4_K gate/up, Q4_K and Q6_K down: the fused decode MoE kernels
+    ("tiny-qwen3moe", FileQuant::Q4KM),
 ];
 
 /// The prompt: 6 token ids inside every tiny preset's vocabulary.

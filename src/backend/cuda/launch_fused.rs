@@ -42,6 +42,16 @@ fn norm_mode(
     Ok((mode, w.raw()))
 }
 
+/// The kernel arguments `(mode, pointer)` of a norm weight (0 plain, 1 one-plus, 2 none),
+/// checked to hold `dim` values.
+pub(crate) fn norm_mode_ptr(
+    op: &'static str,
+    n: NormWeightPtr,
+    dim: usize,
+) -> Result<(i32, u64), CudaError> {
+    norm_mode(op, Some(n), dim)
+}
+
 /// The weights of a `norm_add_rmsnorm` launch: the norm of the branch output (None: no norm)
 /// and the norm of the sum.
 #[derive(Debug, Clone, Copy)]
@@ -58,10 +68,20 @@ pub struct NormAddWeights {
 pub fn norm_add_chunks(groups: usize, dim: usize, threads: usize) -> usize {
     const REG: usize = 4; // the template's REG
     static SPLIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    static MAX: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let split = *SPLIT.get_or_init(|| std::env::var("FUCINA_NORM_ADD_SPLIT").as_deref() != Ok("0"));
+    // FUCINA_NORM_ADD_CHUNKS=N: at most N blocks (to measure the split's width)
+    let max = MAX
+        .get_or_init(|| {
+            std::env::var("FUCINA_NORM_ADD_CHUNKS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(REG)
+        .max(1);
     let per = dim.div_ceil(threads.max(1));
     if split && groups == 1 && (2..=REG).contains(&per) {
-        per
+        per.min(max)
     } else {
         1
     }

@@ -106,6 +106,67 @@ pub fn check_router(q: Quant, a: &MoeRouterArgs) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// The add_rmsnorm a `moe_router__norm` launch does first (one token): `s = a + b` and the
+/// int8 side-car of `rms_norm(s) * w'` are written, the router dots the normed row.
+#[derive(Debug, Clone, Copy)]
+pub struct RouterNorm {
+    pub a: DevPtr<f32>,
+    pub b: DevPtr<f32>,
+    /// Out: the sum (must not overlap `a` or `b`).
+    pub s: DevPtr<f32>,
+    pub w: super::launch_ptr::NormWeightPtr,
+    pub eps: f32,
+    /// Out: the side-car of the normed row (`k` int8, `k / 16` floats).
+    pub xq: DevPtr<i8>,
+    pub xds: DevPtr<f32>,
+}
+
+/// Validate a `moe_router__norm` launch: one float-router token, `k % 32 == 0`, the norm's
+/// buffers `k` long and aligned, the sum apart from its inputs.
+pub fn check_router_norm(q: Quant, a: &MoeRouterArgs, nm: &RouterNorm) -> Result<(), CudaError> {
+    const OP: &str = "moe_router__norm";
+    if !matches!(q, Quant::F32 | Quant::F16 | Quant::Bf16) || a.n != 1 || a.k % 32 != 0 {
+        return Err(invalid(
+            OP,
+            format!("{} tokens of {} over a {q} router (one token, k % 32 == 0, a float router)", a.n, a.k),
+        ));
+    }
+    // the main entry's checks, with `a` standing for x
+    check_router(q, &MoeRouterArgs { x: nm.a, ..*a })?;
+    let k = a.k;
+    let span = |p: DevPtr<f32>| (p.raw(), p.raw() + 4 * k as u64);
+    let overlap = |p: DevPtr<f32>, q: DevPtr<f32>| {
+        let ((p0, p1), (q0, q1)) = (span(p), span(q));
+        p0 < q1 && q0 < p1
+    };
+    let wlen = match nm.w {
+        super::launch_ptr::NormWeightPtr::Plain(w) | super::launch_ptr::NormWeightPtr::OnePlus(w) => w.len(),
+        super::launch_ptr::NormWeightPtr::None => k,
+    };
+    if nm.b.len() < k
+        || nm.s.len() < k
+        || nm.xq.len() < k
+        || nm.xds.len() < k / 16
+        || wlen != k
+        || nm.b.raw() % 16 != 0
+        || overlap(nm.s, nm.a)
+        || overlap(nm.s, nm.b)
+        || !nm.eps.is_finite()
+    {
+        return Err(invalid(
+            OP,
+            format!(
+                "norm buffers for {k} values: b {} s {} side-car {} / {} weight {wlen} (aligned, the sum apart from its inputs, finite eps)",
+                nm.b.len(),
+                nm.s.len(),
+                nm.xq.len(),
+                nm.xds.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// One `moe_gate_up` launch over `pairs` (token, slot) pairs.
 #[derive(Debug, Clone, Copy)]
 pub struct MoeGateUpArgs {
@@ -342,6 +403,53 @@ impl CudaDevice {
             &[
                 &ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &ptrs[4], &ptrs[5], &ptrs[6], &ptrs[7],
                 &ints[0], &ints[1], &ints[2], &ints[3],
+            ],
+        )
+    }
+
+    /// The add_rmsnorm of one token and its router and routing in one launch
+    /// (`moe_router__norm`; `k` is that entry of a float-router instance).
+    pub fn moe_router_norm(
+        &self,
+        k: &Kern,
+        a: &MoeRouterArgs,
+        nm: &RouterNorm,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "moe_router__norm";
+        expect(k, &[Op::MoeRouter], OP)?;
+        check_router_norm(k.spec.key.quant, a, nm)?;
+        let (mode, wp) = super::launch_fused::norm_mode_ptr(OP, nm.w, a.k)?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, a.e)?, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ptrs = [a.w.raw(), nm.a.raw(), nm.b.raw(), wp];
+        let outs = [
+            nm.s.raw(),
+            nm.xq.raw(),
+            nm.xds.raw(),
+            a.logits.raw(),
+            a.ids.raw(),
+            a.wts.raw(),
+            a.counters.raw(),
+        ];
+        let ints = [
+            a.e as i32,
+            int(OP, "k", a.k)?,
+            a.top_k as i32,
+            i32::from(a.norm),
+        ];
+        // (const u8* w, const float* a, const float* b, const float* nw, int nmode, float eps,
+        //  float* s, i8* xq, float2* xds, float* logits, int* ids, float* wts, u32* counters,
+        //  int E, int k, int top_k, int norm); one token, checked above
+        self.go(
+            k,
+            cfg,
+            &[
+                &ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &mode, &nm.eps, &outs[0], &outs[1],
+                &outs[2], &outs[3], &outs[4], &outs[5], &outs[6], &ints[0], &ints[1], &ints[2],
+                &ints[3],
             ],
         )
     }

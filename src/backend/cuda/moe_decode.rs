@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use super::buf::{DevBuf, DevPtr, Pool};
 use super::error::CudaError;
-use super::launch_moe_fused::{MoeDownArgs, MoeGateUpArgs, MoeRouterArgs};
+use super::launch_moe_fused::{MoeDownArgs, MoeGateUpArgs, MoeRouterArgs, RouterNorm};
 use super::launch_ptr::Kern;
 use super::moe::{bank, moe_dims, scratch};
 use super::types::{GpuWeight, Q8Ptrs};
@@ -85,12 +85,16 @@ impl CudaDevice {
     /// `sum_k p_k * down_k(act(gate_k x) * up_k x)` over the top-k experts of
     /// `softmax(x @ router^T)` for `a.n` tokens, in three launches; returns `[n, out]` f32 from
     /// `pool`.
+    ///
+    /// `norm` Some: the router launch is `moe_router__norm` (`k.router` that entry), which also
+    /// makes the block input (`a.xq8`, written) from the residual add and norm it describes.
     pub fn moe_decode(
         &self,
         pool: &Arc<Pool>,
         k: &MoeDecodeKerns,
         a: &MoeDecodeIn<'_>,
         p: &MoeParams,
+        norm: Option<&RouterNorm>,
     ) -> Result<DevBuf, CudaError> {
         let (n, e) = (a.n, p.n_experts);
         if n == 0 || n > MOE_DECODE_MAX_TOKENS {
@@ -138,9 +142,11 @@ impl CudaDevice {
         let (_qb, hq) = scratch::<i8>(pool, pairs * d.ff)?;
         let (_db, hds) = scratch::<f32>(pool, pairs * d.ff / 16)?;
         let (xq, xds) = a.xq8;
-        self.moe_router(
-            &k.router,
-            &MoeRouterArgs {
+        let route = |r: &MoeRouterArgs| match norm {
+            Some(nm) => self.moe_router_norm(&k.router, r, nm),
+            None => self.moe_router(&k.router, r),
+        };
+        route(&MoeRouterArgs {
                 w: a.router.data.u8(),
                 x: a.x,
                 xq,
@@ -154,8 +160,7 @@ impl CudaDevice {
                 k: d.hidden,
                 top_k: d.top_k,
                 norm: p.norm_topk,
-            },
-        )?;
+        })?;
         self.moe_gate_up(
             &k.gate_up,
             &MoeGateUpArgs {

@@ -157,6 +157,33 @@ pub struct MoeBlock<B: Backend> {
 }
 
 impl<B: Backend> MoeBlock<B> {
+    /// `norm.add_apply(h, y)` and `forward` of the normed rows as one backend op
+    /// (`Backend::add_rms_norm_moe_routed`): `(h + y, forward(norm(h + y)))`, or None when the
+    /// backend does not fuse them for these inputs (or the block has a shared expert, which
+    /// reads the normed rows too).
+    pub fn add_norm_forward(
+        &self,
+        be: &B,
+        norm: &NormW<B>,
+        h: &B::Tensor,
+        y: &B::Tensor,
+    ) -> R<Option<(B::Tensor, B::Tensor)>> {
+        if self.shared.is_some() || be.dims(h).1 != norm.dim {
+            return Ok(None);
+        }
+        Ok(bk!(be.add_rms_norm_moe_routed(
+            h,
+            y,
+            norm.norm(),
+            norm.eps,
+            &self.router,
+            &self.gate,
+            &self.up,
+            &self.down,
+            &self.params
+        ))?)
+    }
+
     pub fn forward(&self, be: &B, x: &B::Tensor) -> R<B::Tensor> {
         let routed = bk!(be.moe_routed(
             x,

@@ -441,6 +441,14 @@ impl<B: Backend> QwenSession<B> {
                     ))
                 }
             };
+            // a MoE block may take the residual add and its norm into its router (one launch)
+            if let Ffn::Moe(moe) = &layer.ffn {
+                if let Some((s, out)) = moe.add_norm_forward(be, &layer.post_norm, &h, &y)? {
+                    h = s;
+                    pending = Some(out);
+                    continue;
+                }
+            }
             let (s, x) = layer.post_norm.add_apply(be, &h, &y)?;
             h = s;
             pending = Some(match &layer.ffn {

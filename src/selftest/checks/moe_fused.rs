@@ -23,7 +23,10 @@ use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, M
 use super::add_rmsnorm::side_car_cmp;
 use super::moe::{ggml, pool, ptr};
 use crate::backend::cpu::route;
-use crate::backend::cuda::{CudaError, DevPtr, Kern, MoeDownArgs, MoeGateUpArgs, MoeRouterArgs};
+use crate::backend::cuda::buf::read_ptr;
+use crate::backend::cuda::{
+    CudaError, DevPtr, Kern, MoeDownArgs, MoeGateUpArgs, MoeRouterArgs, NormWeightPtr, RouterNorm,
+};
 use crate::backend::Activation;
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::qdot::{dequantize_q8_1, gemv_ref, quantize_q8_1, random_weights};
@@ -181,10 +184,97 @@ impl KernelCheck for MoeRouterCheck {
                 let dev = cx.dev;
                 micros = time_us(dev, cx.iters, || dev.moe_router(&kn, &args))?;
             }
+            if n == 1 && !int8 {
+                cmp = cmp.merge(router_norm_case(cx, spec, &w, &args, ci == 3)?);
+            }
         }
         Ok(Measured { cmp, micros })
     }
 }
+
+/// The `__norm` entry of a float router on one token: from a and b, the sum (exact), the logits
+/// of the normed row (vs f64 over `rms_norm(a + b) * w'`), the routing of its own logits, and
+/// the side-car of the normed row (each value within half a step of its group's scale of the
+/// f64 row: a rounding flip of the kernel's f32 norm is allowed, a wrong value is not).
+fn router_norm_case(
+    cx: &mut CheckCtx<'_>,
+    spec: &'static KernelSpec,
+    w: &[u8],
+    args: &MoeRouterArgs,
+    one_plus: bool,
+) -> Result<Comparison, CudaError> {
+    let q = spec.key.quant;
+    let ty = ggml(q).ok_or_else(|| invalid(format!("no GGML type for {q}")))?;
+    let (e, k, top_k) = (args.e, args.k, args.top_k);
+    let pool = pool(cx);
+    let kn = Kern {
+        spec,
+        f: cx.dev.function_suffixed(spec, "norm")?,
+    };
+    let a = uniform(&mut cx.rng, k, -2.0, 2.0);
+    let b = uniform(&mut cx.rng, k, -1.0, 1.0);
+    let nw = uniform(&mut cx.rng, k, 0.5, 1.5);
+    let eps = 1e-6f32;
+    let sum: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    let ms = sum.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / k as f64;
+    let inv = 1.0 / (ms + eps as f64).sqrt();
+    let y: Vec<f32> = sum
+        .iter()
+        .zip(&nw)
+        .map(|(&v, &g)| (v as f64 * inv * if one_plus { 1.0 + g as f64 } else { g as f64 }) as f32)
+        .collect();
+    let want_logits = gemv_ref(ty, w, e, k, &y).map_err(qerr)?;
+    let (ba, bb, bn) = (pool.upload(&a)?, pool.upload(&b)?, pool.upload(&nw)?);
+    let (bs, bq, bd) = (pool.alloc(k * 4)?, pool.alloc(k)?, pool.alloc(k / 16 * 4)?);
+    for buf in [&bs, &bq, &bd] {
+        buf.fill_bytes(0xff)?;
+    }
+    let nwp = ptr(&bn, k)?;
+    let nm = RouterNorm {
+        a: ptr(&ba, k)?,
+        b: ptr(&bb, k)?,
+        s: ptr(&bs, k)?,
+        w: if one_plus {
+            NormWeightPtr::OnePlus(nwp)
+        } else {
+            NormWeightPtr::Plain(nwp)
+        },
+        eps,
+        xq: ptr(&bq, k)?,
+        xds: ptr(&bd, k / 16)?,
+    };
+    cx.dev.moe_router_norm(&kn, args, &nm)?;
+    let rd = |p: DevPtr<f32>, n: usize| read_ptr(cx.dev.stream(), p, n);
+    let logits = rd(args.logits, e)?;
+    let ids = read_ptr(cx.dev.stream(), args.ids, top_k)?;
+    let wts = rd(args.wts, top_k)?;
+    let (mut want_i, mut want_w) = (Vec::new(), Vec::new());
+    for (ex, wt) in route(&logits, top_k, args.norm) {
+        want_i.push(ex as f32);
+        want_w.push(wt);
+    }
+    let got_i: Vec<f32> = ids.iter().map(|&v| v as f32).collect();
+    let s_got = bs.read::<f32>(k)?;
+    let xq = bq.read::<i8>(k)?;
+    let ds = bd.read::<f32>(k / 16)?;
+    for g in 0..k / 32 {
+        let d = ds[2 * g];
+        for i in 32 * g..32 * (g + 1) {
+            let off = (xq[i] as f32 * d - y[i]).abs();
+            if off > 0.5 * d * 1.001 + 1e-6 {
+                return Err(invalid(format!(
+                    "moe_router__norm side-car value {i}: {} * {d} for {} (more than half a step)",
+                    xq[i], y[i]
+                )));
+            }
+        }
+    }
+    Ok(Comparison::new(&logits, &want_logits)
+        .merge(Comparison::new(&got_i, &want_i))
+        .merge(Comparison::new(&wts, &want_w))
+        .merge(Comparison::new(&s_got, &sum)))
+}
+
 
 impl KernelCheck for MoeGateUpCheck {
     fn name(&self) -> &'static str {

@@ -217,6 +217,21 @@ impl Backend for CudaBackend {
         self.sample_impl(logits, state, banned)
     }
 
+    fn add_rms_norm_moe_routed(
+        &self,
+        h: &GpuTensor,
+        y: &GpuTensor,
+        w: Norm<'_, GpuTensor>,
+        eps: f32,
+        router: &GpuWeight,
+        gate: &GpuWeight,
+        up: &GpuWeight,
+        down: &GpuWeight,
+        p: &MoeParams,
+    ) -> Result<Option<(GpuTensor, GpuTensor)>> {
+        self.add_rms_norm_moe_impl(h, y, w, eps, router, gate, up, down, p)
+    }
+
     fn sample_begin(
         &self,
         logits: &GpuTensor,

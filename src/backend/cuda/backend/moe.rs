@@ -5,10 +5,12 @@
 
 use super::super::launch_linear::weight_block;
 use super::super::moe::moe_dims;
+use super::super::launch_moe_fused::RouterNorm;
+use super::super::launch_ptr::{Kern, NormWeightPtr};
 use super::super::moe_decode::{decode_quants, MoeDecodeIn, MoeDecodeKerns, MOE_DECODE_MAX_TOKENS};
 use super::super::types::{GpuTensor, GpuWeight};
 use super::CudaBackend;
-use crate::backend::{BackendError, MoeParams, Result};
+use crate::backend::{BackendError, MoeParams, Norm, Result};
 use crate::kernels::{BatchBucket, Op, Quant};
 
 /// Whether the fused decode MoE path is on (`FUCINA_MOE_FUSED=0` turns it off).
@@ -100,6 +102,7 @@ impl CudaBackend {
                 counters,
             },
             p,
+            None,
         )?;
         if buf.bytes() < x.rows * d.out * 4 {
             return Err(BackendError::Device(format!(
@@ -110,5 +113,132 @@ impl CudaBackend {
             )));
         }
         Ok(Some(GpuTensor::new(buf, x.rows, d.out)))
+    }
+
+    /// `add_rms_norm(h, y)` and the routed experts of the normed row in three launches: the
+    /// residual add and the norm run inside the router kernel (`moe_router__norm`), which
+    /// writes the sum and the normed row's int8 side-car (what the expert kernels read). None
+    /// when that path does not apply: more than one row, a norm that is not whole-row, a router
+    /// that is not F32 / F16 / BF16, what `moe_routed_fused` declines, or
+    /// `FUCINA_MOE_NORM_FUSED=0`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm_moe_impl(
+        &self,
+        h: &GpuTensor,
+        y: &GpuTensor,
+        w: Norm<'_, GpuTensor>,
+        eps: f32,
+        router: &GpuWeight,
+        gate: &GpuWeight,
+        up: &GpuWeight,
+        down: &GpuWeight,
+        p: &MoeParams,
+    ) -> Result<Option<(GpuTensor, GpuTensor)>> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("FUCINA_MOE_NORM_FUSED").as_deref() != Ok("0"));
+        let k = h.cols;
+        if !on
+            || !moe_fused_enabled()
+            || h.rows != 1
+            || y.rows != 1
+            || y.cols != k
+            || k % 32 != 0
+            || !matches!(router.quant, Quant::F32 | Quant::F16 | Quant::Bf16)
+            || h.ptr().raw() % 16 != 0
+            || y.ptr().raw() % 16 != 0
+        {
+            return Ok(None);
+        }
+        let wp = match w {
+            Norm::Plain(t) if t.len() == k => NormWeightPtr::Plain(t.ptr()),
+            Norm::OnePlus(t) if t.len() == k => NormWeightPtr::OnePlus(t.ptr()),
+            Norm::None => NormWeightPtr::None,
+            _ => return Ok(None),
+        };
+        let Some(q) = decode_quants(router.quant, gate.quant, up.quant, down.quant) else {
+            return Ok(None);
+        };
+        if [router, gate, up, down].iter().any(|w| w.scales.is_some()) {
+            return Ok(None);
+        }
+        let Ok(d) = moe_dims(
+            1,
+            k,
+            p.n_experts,
+            (&gate.shape, gate.quant),
+            (&up.shape, up.quant),
+            (&down.shape, down.quant),
+            p,
+        ) else {
+            return Ok(None);
+        };
+        let router_ok = matches!(router.shape[..], [re, rk] if re == p.n_experts && rk == k)
+            && d.hidden == k
+            && d.ff % 32 == 0;
+        if !router_ok {
+            return Ok(None);
+        }
+        let kern = |op: Op, q: Quant| self.kern(op, q, BatchBucket::Any);
+        let (Ok(rk), Ok(gate_up), Ok(dn)) = (
+            kern(Op::MoeRouter, q[0]),
+            kern(Op::MoeGateUp, q[1]),
+            kern(Op::MoeDown, q[2]),
+        ) else {
+            return Ok(None);
+        };
+        let Ok(f) = self.dev.function_suffixed(rk.spec, "norm") else {
+            return Ok(None);
+        };
+        let kerns = MoeDecodeKerns {
+            router: Kern { spec: rk.spec, f },
+            gate_up,
+            down: dn,
+        };
+        let s = self.alloc_tensor(1, k)?;
+        let Some(side) = self.q8_side(1, k)? else {
+            return Ok(None);
+        };
+        let counters = self
+            .moe_counters
+            .ptr::<u32>()
+            .slice(0, MOE_DECODE_MAX_TOKENS)
+            .ok_or_else(|| BackendError::Device("MoE counters buffer too short".into()))?;
+        let (xq, xds) = side.ptrs();
+        let buf = self.dev.moe_decode(
+            &self.pool,
+            &kerns,
+            &MoeDecodeIn {
+                n: 1,
+                // the router reads a and b instead
+                x: h.ptr(),
+                xq8: (xq, xds),
+                router,
+                gate,
+                up,
+                down,
+                counters,
+            },
+            p,
+            Some(&RouterNorm {
+                a: h.ptr(),
+                b: y.ptr(),
+                s: s.ptr(),
+                w: wp,
+                eps,
+                xq,
+                xds,
+            }),
+        )?;
+        if buf.bytes() < d.out * 4 {
+            return Err(BackendError::Device(format!(
+                "moe_decode returned {} bytes for [1, {}]",
+                buf.bytes(),
+                d.out
+            )));
+        }
+        // (the side-car is pooled scratch like moe_decode's own: the launches that read it are
+        // queued before anything can take it again)
+        drop(side);
+        Ok(Some((s, GpuTensor::new(buf, 1, d.out))))
     }
 }
