@@ -30,21 +30,27 @@ fn check(r: sys::CUresult, what: &'static str) -> Result<(), CudaError> {
 /// The patterns of `FUCINA_GRAPH_SKIP` (empty when unset).
 pub fn skip_patterns() -> Vec<String> {
     std::env::var("FUCINA_GRAPH_SKIP")
-        .map(|v| {
-            v.split(',')
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-                .map(String::from)
-                .collect()
-        })
+        .map(|v| parse_patterns(&v))
         .unwrap_or_default()
+}
+
+/// Comma-separated patterns, blanks dropped.
+fn parse_patterns(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// Launches per replay (`FUCINA_REPLAY_REPEAT`, at least 1).
 pub fn replay_repeat() -> usize {
-    std::env::var("FUCINA_REPLAY_REPEAT")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
+    parse_repeat(std::env::var("FUCINA_REPLAY_REPEAT").ok().as_deref())
+}
+
+/// A repeat count: a positive integer, else 1.
+fn parse_repeat(v: Option<&str>) -> usize {
+    v.and_then(|v| v.trim().parse::<usize>().ok())
         .unwrap_or(1)
         .max(1)
 }
@@ -145,4 +151,22 @@ pub unsafe fn remove_kernels(g: sys::CUgraph, patterns: &[String]) -> Result<usi
         "FUCINA_GRAPH_SKIP: kernels removed from the recorded step (profiling only: wrong values)"
     );
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knobs_parse() {
+        assert_eq!(
+            parse_patterns(" attn_prep, ,gemv_q6_k,"),
+            vec!["attn_prep".to_string(), "gemv_q6_k".to_string()]
+        );
+        assert!(parse_patterns("").is_empty());
+        assert_eq!(parse_repeat(None), 1);
+        assert_eq!(parse_repeat(Some("3")), 3);
+        assert_eq!(parse_repeat(Some("0")), 1);
+        assert_eq!(parse_repeat(Some("x")), 1);
+    }
 }

@@ -128,7 +128,10 @@ pub fn check_router_norm(q: Quant, a: &MoeRouterArgs, nm: &RouterNorm) -> Result
     if !matches!(q, Quant::F32 | Quant::F16 | Quant::Bf16) || a.n != 1 || a.k % 32 != 0 {
         return Err(invalid(
             OP,
-            format!("{} tokens of {} over a {q} router (one token, k % 32 == 0, a float router)", a.n, a.k),
+            format!(
+                "{} tokens of {} over a {q} router (one token, k % 32 == 0, a float router)",
+                a.n, a.k
+            ),
         ));
     }
     // the main entry's checks, with `a` standing for x
@@ -140,7 +143,8 @@ pub fn check_router_norm(q: Quant, a: &MoeRouterArgs, nm: &RouterNorm) -> Result
         p0 < q1 && q0 < p1
     };
     let wlen = match nm.w {
-        super::launch_ptr::NormWeightPtr::Plain(w) | super::launch_ptr::NormWeightPtr::OnePlus(w) => w.len(),
+        super::launch_ptr::NormWeightPtr::Plain(w)
+        | super::launch_ptr::NormWeightPtr::OnePlus(w) => w.len(),
         super::launch_ptr::NormWeightPtr::None => k,
     };
     if nm.b.len() < k
@@ -581,6 +585,73 @@ mod tests {
             top_k,
             norm: true,
         }
+    }
+
+    #[test]
+    fn router_norm_validation() {
+        let k = 2048usize;
+        let a = router(Quant::F32);
+        let nm = RouterNorm {
+            a: p(0x800_0000, k),
+            b: p(0x900_0000, k),
+            s: p(0xa00_0000, k),
+            w: super::super::launch_ptr::NormWeightPtr::Plain(p(0xb00_0000, k)),
+            eps: 1e-6,
+            xq: p(0xc00_0000, k),
+            xds: p(0xd00_0000, k / 16),
+        };
+        for q in [Quant::F32, Quant::F16, Quant::Bf16] {
+            let (be, bb) = weight_block(q).unwrap();
+            let r = MoeRouterArgs {
+                w: p(0x10_0000, a.e * k / be * bb),
+                ..a
+            };
+            assert!(check_router_norm(q, &r, &nm).is_ok(), "{q}");
+        }
+        // a Q8_0 router, two tokens, the sum over an input, a short side-car, a weight of the
+        // wrong length, a misaligned b, a non-finite eps
+        assert!(check_router_norm(Quant::Q8_0, &router(Quant::Q8_0), &nm).is_err());
+        let two = MoeRouterArgs {
+            n: 2,
+            x: p(0x100_0000, 2 * k),
+            logits: p(0x400_0000, 2 * a.e),
+            ids: p(0x500_0000, 2 * a.top_k),
+            wts: p(0x600_0000, 2 * a.top_k),
+            counters: p(0x700_0000, 2),
+            ..a
+        };
+        assert!(check_router_norm(Quant::F32, &two, &nm).is_err());
+        for bad in [
+            RouterNorm {
+                s: p(0x800_0000 + 64, k),
+                ..nm
+            },
+            RouterNorm {
+                xds: p(0xd00_0000, k / 16 - 1),
+                ..nm
+            },
+            RouterNorm {
+                w: super::super::launch_ptr::NormWeightPtr::OnePlus(p(0xb00_0000, k - 32)),
+                ..nm
+            },
+            RouterNorm {
+                b: p(0x900_0004, k),
+                ..nm
+            },
+            RouterNorm {
+                eps: f32::NAN,
+                ..nm
+            },
+        ] {
+            assert!(check_router_norm(Quant::F32, &a, &bad).is_err());
+        }
+        // k not a whole number of 32-value groups
+        let odd = MoeRouterArgs {
+            k: 2040,
+            w: p(0x10_0000, a.e * 2040 * 4),
+            ..a
+        };
+        assert!(check_router_norm(Quant::F32, &odd, &nm).is_err());
     }
 
     #[test]

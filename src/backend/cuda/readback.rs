@@ -61,7 +61,7 @@ impl TokenReadback {
 
     /// Queue the copy of `src[0]` on `stream` (after everything queued so far) and the event.
     pub fn start(&mut self, stream: sys::CUstream, src: DevPtr<i32>) -> Result<(), CudaError> {
-        if src.len() == 0 {
+        if src.is_empty() {
             return Err(CudaError::Invalid {
                 op: "readback",
                 detail: "an empty source".into(),

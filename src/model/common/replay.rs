@@ -88,6 +88,7 @@ impl<B: Backend> StepReplay<B> {
     ///
     /// Falls back to `step_many` and `Backend::sample` before the step is recorded or when the
     /// backend samples synchronously.
+    #[allow(clippy::too_many_arguments)]
     pub fn step_sampled(
         &mut self,
         be: &B,

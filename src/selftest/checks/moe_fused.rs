@@ -275,7 +275,6 @@ fn router_norm_case(
         .merge(Comparison::new(&s_got, &sum)))
 }
 
-
 impl KernelCheck for MoeGateUpCheck {
     fn name(&self) -> &'static str {
         "moe_gate_up"

@@ -52,6 +52,11 @@ fn add_norm_chunks(dim: usize) -> Option<usize> {
             .ok()
             .and_then(|v| v.parse().ok())
     });
+    chunks_for(dim, env)
+}
+
+/// [`add_norm_chunks`] with the override `env`.
+fn chunks_for(dim: usize, env: Option<usize>) -> Option<usize> {
     match env {
         Some(0) => None,
         Some(c) => Some(c),
@@ -307,5 +312,22 @@ impl CudaBackend {
         }
         cache.len = cache.len.max(pos0 + q.rows);
         Ok(q_out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunks_for;
+
+    #[test]
+    fn add_norm_split_rule() {
+        // Qwen3-30B-A3B's 2048-value rows take two blocks; Qwen3-8B's 4096 and small rows one
+        assert_eq!(chunks_for(2048, None), Some(2));
+        assert_eq!(chunks_for(1536, None), Some(2));
+        assert_eq!(chunks_for(4096, None), None);
+        assert_eq!(chunks_for(1024, None), None);
+        // the override: 0 keeps the one-block kernel, N asks N blocks
+        assert_eq!(chunks_for(2048, Some(0)), None);
+        assert_eq!(chunks_for(4096, Some(3)), Some(3));
     }
 }
