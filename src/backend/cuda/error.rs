@@ -29,6 +29,22 @@ pub enum CudaError {
     Invalid { op: &'static str, detail: String },
 }
 
+/// A raw driver call's result as a `CudaError::Invalid { op, detail: "what: code" }`.
+pub(crate) fn cu_check(
+    r: cudarc::driver::sys::CUresult,
+    op: &'static str,
+    what: &'static str,
+) -> Result<(), CudaError> {
+    if r == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Invalid {
+            op,
+            detail: format!("{what}: {r:?}"),
+        })
+    }
+}
+
 /// Attach context to a cudarc driver error.
 pub(crate) fn drv(
     context: impl Into<String>,

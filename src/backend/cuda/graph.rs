@@ -37,14 +37,7 @@ impl Drop for StepGraph {
 }
 
 fn check(r: sys::CUresult, what: &'static str) -> Result<(), CudaError> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(CudaError::Invalid {
-            op: "capture",
-            detail: format!("{what}: {r:?}"),
-        })
-    }
+    super::error::cu_check(r, "capture", what)
 }
 
 /// Whether captured steps use programmatic dependent launch: sm_90+ and not opted out with

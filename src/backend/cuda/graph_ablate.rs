@@ -17,14 +17,7 @@ use cudarc::driver::sys;
 use super::error::CudaError;
 
 fn check(r: sys::CUresult, what: &'static str) -> Result<(), CudaError> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(CudaError::Invalid {
-            op: "graph ablation",
-            detail: format!("{what}: {r:?}"),
-        })
-    }
+    super::error::cu_check(r, "graph ablation", what)
 }
 
 /// The patterns of `FUCINA_GRAPH_SKIP` (empty when unset).

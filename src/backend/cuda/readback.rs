@@ -8,14 +8,7 @@ use super::buf::DevPtr;
 use super::error::CudaError;
 
 fn check(r: sys::CUresult, what: &'static str) -> Result<(), CudaError> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(CudaError::Invalid {
-            op: "readback",
-            detail: format!("{what}: {r:?}"),
-        })
-    }
+    super::error::cu_check(r, "readback", what)
 }
 
 /// One i32 of page-locked host memory and the event that says it has landed.

@@ -118,24 +118,11 @@ impl CudaBackend {
         if let Some(chunks) = add_norm_chunks(dim).filter(|_| h.rows == 1 && dim == h.cols) {
             // one decode row: the chunked kernel (its blocks share the row's stores and
             // side-car; the same bits as add_rmsnorm, see norm_add_rmsnorm.cu.tera)
-            let k = self.kern(Op::NormAddRmsNorm, Quant::F32, BatchBucket::Any)?;
-            self.dev.norm_add_rms_norm_ptr(
-                &k,
-                h.ptr(),
-                y.ptr(),
-                s.ptr(),
-                NormAddWeights {
-                    post: None,
-                    norm: wp,
-                },
-                1.0,
-                n.ptr(),
-                eps,
-                dim,
-                q8.as_ref().map(Q8Side::ptrs),
-                Some(chunks),
-            )?;
-            return Ok((s, n.with_q8(q8)));
+            let w = NormAddWeights {
+                post: None,
+                norm: wp,
+            };
+            return self.norm_add_launch((h, y), (s, n), w, 1.0, eps, dim, q8, Some(chunks));
         }
         let k = self.kern(Op::AddRmsNorm, Quant::F32, BatchBucket::Any)?;
         self.dev.add_rms_norm_ptr(
@@ -199,6 +186,23 @@ impl CudaBackend {
         } else {
             None
         };
+        self.norm_add_launch((h, y), (s, n), weights, scale, eps, dim, q8, None)
+    }
+
+    /// One `norm_add_rmsnorm` launch from `h` and `y` into the sum `s` and the normed `n`
+    /// (carrying `q8`, its side-car, when given); `chunks` as `norm_add_rms_norm_ptr`.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_add_launch(
+        &self,
+        (h, y): (&GpuTensor, &GpuTensor),
+        (s, n): (GpuTensor, GpuTensor),
+        weights: NormAddWeights,
+        scale: f32,
+        eps: f32,
+        dim: usize,
+        q8: Option<Q8Side>,
+        chunks: Option<usize>,
+    ) -> Result<(GpuTensor, GpuTensor)> {
         let k = self.kern(Op::NormAddRmsNorm, Quant::F32, BatchBucket::Any)?;
         self.dev.norm_add_rms_norm_ptr(
             &k,
@@ -211,7 +215,7 @@ impl CudaBackend {
             eps,
             dim,
             q8.as_ref().map(Q8Side::ptrs),
-            None,
+            chunks,
         )?;
         Ok((s, n.with_q8(q8)))
     }

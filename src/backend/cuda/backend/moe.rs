@@ -19,6 +19,34 @@ pub fn moe_fused_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("FUCINA_MOE_FUSED").map_or(true, |v| v != "0"))
 }
 
+/// The kernel formats and dimensions of the fused decode path for `rows` rows of `cols` inputs,
+/// or None when it does not take these weights (formats, FP8 scales, shapes).
+fn fused_plan(
+    rows: usize,
+    cols: usize,
+    router: &GpuWeight,
+    gate: &GpuWeight,
+    up: &GpuWeight,
+    down: &GpuWeight,
+    p: &MoeParams,
+) -> Option<([Quant; 3], super::super::moe::MoeDims)> {
+    let q = decode_quants(router.quant, gate.quant, up.quant, down.quant)?;
+    if [router, gate, up, down].iter().any(|w| w.scales.is_some()) {
+        return None;
+    }
+    let d = moe_dims(
+        rows,
+        rows * cols,
+        rows * p.n_experts,
+        (&gate.shape, gate.quant),
+        (&up.shape, up.quant),
+        (&down.shape, down.quant),
+        p,
+    )
+    .ok()?;
+    Some((q, d))
+}
+
 impl CudaBackend {
     /// The routed experts through the fused decode kernels, or None when that path does not
     /// apply: no side-car on `x` (more than one row, or a producer that writes none), formats
@@ -39,21 +67,7 @@ impl CudaBackend {
         let Some(side) = x.q8.as_ref().filter(|s| s.len == x.len()) else {
             return Ok(None);
         };
-        let Some(q) = decode_quants(router.quant, gate.quant, up.quant, down.quant) else {
-            return Ok(None);
-        };
-        if [router, gate, up, down].iter().any(|w| w.scales.is_some()) {
-            return Ok(None);
-        }
-        let Ok(d) = moe_dims(
-            x.rows,
-            x.len(),
-            x.rows * p.n_experts,
-            (&gate.shape, gate.quant),
-            (&up.shape, up.quant),
-            (&down.shape, down.quant),
-            p,
-        ) else {
+        let Some((q, d)) = fused_plan(x.rows, x.cols, router, gate, up, down, p) else {
             return Ok(None);
         };
         // the router [E, hidden]; float rows whole 16-byte vectors, x 16-byte aligned
@@ -155,21 +169,7 @@ impl CudaBackend {
             Norm::None => NormWeightPtr::None,
             _ => return Ok(None),
         };
-        let Some(q) = decode_quants(router.quant, gate.quant, up.quant, down.quant) else {
-            return Ok(None);
-        };
-        if [router, gate, up, down].iter().any(|w| w.scales.is_some()) {
-            return Ok(None);
-        }
-        let Ok(d) = moe_dims(
-            1,
-            k,
-            p.n_experts,
-            (&gate.shape, gate.quant),
-            (&up.shape, up.quant),
-            (&down.shape, down.quant),
-            p,
-        ) else {
+        let Some((q, d)) = fused_plan(1, k, router, gate, up, down, p) else {
             return Ok(None);
         };
         let router_ok = matches!(router.shape[..], [re, rk] if re == p.n_experts && rk == k)
