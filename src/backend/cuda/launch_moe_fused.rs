@@ -370,6 +370,20 @@ fn stage_smem(k: &Kern, op: &'static str, warps: u32, bufs: u32) -> Result<u32, 
     Ok(smem)
 }
 
+/// The routing outputs (logits, ids, weights, counters) and the trailing ints (E, k, top_k,
+/// norm) both router entries take.
+fn route_args(op: &'static str, a: &MoeRouterArgs) -> Result<([u64; 4], [i32; 4]), CudaError> {
+    Ok((
+        [a.logits.raw(), a.ids.raw(), a.wts.raw(), a.counters.raw()],
+        [
+            a.e as i32,
+            int(op, "k", a.k)?,
+            a.top_k as i32,
+            i32::from(a.norm),
+        ],
+    ))
+}
+
 impl CudaDevice {
     /// The router GEMV and the routing of `a.n` tokens in one launch (`moe_router`).
     pub fn moe_router(&self, k: &Kern, a: &MoeRouterArgs) -> Result<(), CudaError> {
@@ -381,22 +395,8 @@ impl CudaDevice {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let ptrs = [
-            a.w.raw(),
-            a.x.raw(),
-            a.xq.raw(),
-            a.xds.raw(),
-            a.logits.raw(),
-            a.ids.raw(),
-            a.wts.raw(),
-            a.counters.raw(),
-        ];
-        let ints = [
-            a.e as i32,
-            int(OP, "k", a.k)?,
-            a.top_k as i32,
-            a.norm as i32,
-        ];
+        let ptrs = [a.w.raw(), a.x.raw(), a.xq.raw(), a.xds.raw()];
+        let (outs, ints) = route_args(OP, a)?;
         // (const u8* w, const float* x, const i8* xq, const float2* xds, float* logits, int* ids,
         //  float* wts, u32* counters, int E, int k, int top_k, int norm), 128 threads, grid
         // (E, n); every buffer checked to hold what the launch reads and writes, the counters
@@ -405,7 +405,7 @@ impl CudaDevice {
             k,
             cfg,
             &[
-                &ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &ptrs[4], &ptrs[5], &ptrs[6], &ptrs[7],
+                &ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &outs[0], &outs[1], &outs[2], &outs[3],
                 &ints[0], &ints[1], &ints[2], &ints[3],
             ],
         )
@@ -429,21 +429,8 @@ impl CudaDevice {
             shared_mem_bytes: 0,
         };
         let ptrs = [a.w.raw(), nm.a.raw(), nm.b.raw(), wp];
-        let outs = [
-            nm.s.raw(),
-            nm.xq.raw(),
-            nm.xds.raw(),
-            a.logits.raw(),
-            a.ids.raw(),
-            a.wts.raw(),
-            a.counters.raw(),
-        ];
-        let ints = [
-            a.e as i32,
-            int(OP, "k", a.k)?,
-            a.top_k as i32,
-            i32::from(a.norm),
-        ];
+        let norm_outs = [nm.s.raw(), nm.xq.raw(), nm.xds.raw()];
+        let (outs, ints) = route_args(OP, a)?;
         // (const u8* w, const float* a, const float* b, const float* nw, int nmode, float eps,
         //  float* s, i8* xq, float2* xds, float* logits, int* ids, float* wts, u32* counters,
         //  int E, int k, int top_k, int norm); one token, checked above
@@ -451,8 +438,22 @@ impl CudaDevice {
             k,
             cfg,
             &[
-                &ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &mode, &nm.eps, &outs[0], &outs[1],
-                &outs[2], &outs[3], &outs[4], &outs[5], &outs[6], &ints[0], &ints[1], &ints[2],
+                &ptrs[0],
+                &ptrs[1],
+                &ptrs[2],
+                &ptrs[3],
+                &mode,
+                &nm.eps,
+                &norm_outs[0],
+                &norm_outs[1],
+                &norm_outs[2],
+                &outs[0],
+                &outs[1],
+                &outs[2],
+                &outs[3],
+                &ints[0],
+                &ints[1],
+                &ints[2],
                 &ints[3],
             ],
         )
