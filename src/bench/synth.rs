@@ -169,7 +169,9 @@ pub fn tokenizer_keys(
             .collect();
         let kv = vec![
             ("tokenizer.ggml.model".into(), V::String("gpt2".into())),
-            ("tokenizer.ggml.pre".into(), V::String("default".into())),
+            // byte tokens and no merges split alike under any pre-tokenizer: "gpt-2" is one
+            // both fucina and llama.cpp load, so a synthesised file can be served too
+            ("tokenizer.ggml.pre".into(), V::String("gpt-2".into())),
             ("tokenizer.ggml.tokens".into(), V::Array(tokens)),
             ("tokenizer.ggml.token_type".into(), V::Array(types)),
             ("tokenizer.ggml.merges".into(), V::Array(Vec::new())),

@@ -389,3 +389,18 @@ fn cli_parses_bench_and_refuses_bad_input() {
     assert_eq!((p2, std::fs::metadata(&p).unwrap().len()), (p, len));
     assert!(logs[0].starts_with("reusing"), "{logs:?}");
 }
+
+/// A synthesised file without a donor carries a tokenizer the engine loads (so the file can be
+/// served, not only benchmarked): byte tokens round-trip any text.
+#[test]
+fn made_up_tokenizer_loads_and_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_tiny(dir.path(), "tiny-qwen3", QUANTS[0]);
+    let g = GgufFile::open(&path).unwrap();
+    let tok = crate::tokenizer::Tokenizer::from_gguf(&g).unwrap();
+    for text in ["Name three colours.", "naïve café, 42 ✓\n\tend"] {
+        let ids = tok.encode(text, false).unwrap();
+        assert!(ids.iter().all(|&i| i < 256), "{ids:?}");
+        assert_eq!(tok.decode(&ids, false).unwrap(), text);
+    }
+}
