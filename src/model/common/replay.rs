@@ -116,20 +116,17 @@ impl<B: Backend> StepReplay<B> {
         let logits = outs
             .first()
             .ok_or_else(|| ModelError::Other("recorded step has no outputs".into()))?;
-        if !bk!(be.sample_begin(logits, sampler, banned))? {
-            // a backend that samples synchronously: no pipelining
-            let rest = outs[1..]
-                .iter()
-                .map(|t| owned_copy(be, t))
-                .collect::<R<Vec<_>>>()?;
-            let l = owned_copy(be, logits)?;
-            let token = bk!(be.sample(l, sampler, banned))?;
-            return Ok(SampledStep { token, rest });
-        }
+        // the other outputs, copied before anything can queue the next replay
         let rest = outs[1..]
             .iter()
             .map(|t| owned_copy(be, t))
             .collect::<R<Vec<_>>>()?;
+        if !bk!(be.sample_begin(logits, sampler, banned))? {
+            // a backend that samples synchronously: no pipelining
+            let l = owned_copy(be, logits)?;
+            let token = bk!(be.sample(l, sampler, banned))?;
+            return Ok(SampledStep { token, rest });
+        }
         let queued = match next_pos {
             Some(p) => {
                 bk!(be.begin_forward_sampled(sampler, p))?;

@@ -543,24 +543,9 @@ impl<B: Backend> GemmaSession<B> {
     /// stays usable.
     fn pass(&mut self, tokens: &[u32], all: bool) -> Result<B::Tensor, ModelError> {
         self.graph.forget_inflight();
-        if tokens.is_empty() {
-            return Err(ModelError::Empty);
-        }
+        let end = self.check_pass(tokens)?;
         let model = Arc::clone(&self.model);
         let m = &*model;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= m.spec.vocab) {
-            return Err(ModelError::BadToken {
-                id,
-                vocab: m.spec.vocab,
-            });
-        }
-        let end = self.len + tokens.len();
-        if end > m.spec.max_context {
-            return Err(ModelError::ContextOverflow {
-                len: end,
-                max: m.spec.max_context,
-            });
-        }
         let pos0 = self.len;
         let caches = &mut self.caches;
         let mut run = || -> Result<Vec<B::Tensor>, ModelError> {
@@ -610,6 +595,29 @@ impl<B: Backend> GemmaSession<B> {
 }
 
 impl<B: Backend> GemmaSession<B> {
+    /// What a pass over `tokens` needs: some tokens, all in the vocabulary, room in the
+    /// context. Returns the length after it.
+    fn check_pass(&self, tokens: &[u32]) -> Result<usize, ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::Empty);
+        }
+        let spec = &self.model.spec;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= spec.vocab) {
+            return Err(ModelError::BadToken {
+                id,
+                vocab: spec.vocab,
+            });
+        }
+        let end = self.len + tokens.len();
+        if end > spec.max_context {
+            return Err(ModelError::ContextOverflow {
+                len: end,
+                max: spec.max_context,
+            });
+        }
+        Ok(end)
+    }
+
     /// `pass` of one token and the draw from its logits, pipelined: the next step is queued
     /// fed with the drawn id before the host waits for it (`StepReplay::step_sampled`; every
     /// per-step state here is a K/V row, rewritten before it is read).
@@ -619,21 +627,10 @@ impl<B: Backend> GemmaSession<B> {
         s: &mut BackendSampler<B>,
         banned: &[u32],
     ) -> Result<u32, ModelError> {
+        self.check_pass(&[token])?;
         let model = Arc::clone(&self.model);
         let m = &*model;
-        if token as usize >= m.spec.vocab {
-            return Err(ModelError::BadToken {
-                id: token,
-                vocab: m.spec.vocab,
-            });
-        }
         let max = m.spec.max_context;
-        if self.len + 1 > max {
-            return Err(ModelError::ContextOverflow {
-                len: self.len + 1,
-                max,
-            });
-        }
         let pos0 = self.len;
         let next = (pos0 + 2 <= max).then_some(pos0 + 1);
         let caches = &mut self.caches;

@@ -471,6 +471,31 @@ impl<B: Backend> QwenSession<B> {
         Ok(bk!(be.linear(&h, m.lm_head.as_ref().unwrap_or(&m.embed)))?)
     }
 
+    /// What a step of `tokens` needs: a usable session, tokens in the vocabulary, room in the
+    /// context.
+    fn check_step(&self, tokens: &[u32]) -> R<()> {
+        if self.broken {
+            return Err(ModelError::Other(
+                "session state is invalid after a failed step; rewind to 0".into(),
+            ));
+        }
+        if tokens.is_empty() {
+            return Err(ModelError::Empty);
+        }
+        let vocab = self.model.info.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::BadToken { id, vocab });
+        }
+        let max = self.model.info.max_context;
+        if self.len + tokens.len() > max {
+            return Err(ModelError::ContextOverflow {
+                len: self.len + tokens.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
     /// Whether one-token steps may be pipelined (`StepReplay::step_sampled`): every layer's
     /// state is a KV cache (a recurrent state would keep what a step not taken wrote).
     fn pipelinable(&self) -> bool {
@@ -482,22 +507,8 @@ impl<B: Backend> QwenSession<B> {
     /// The checks of `step`, then a pipelined one-token step and draw (the next step queued
     /// fed with the drawn id, see `StepReplay::step_sampled`).
     fn step_pipelined(&mut self, token: u32, s: &mut BackendSampler<B>, banned: &[u32]) -> R<u32> {
-        if self.broken {
-            return Err(ModelError::Other(
-                "session state is invalid after a failed step; rewind to 0".into(),
-            ));
-        }
-        let vocab = self.model.info.vocab_size;
-        if token as usize >= vocab {
-            return Err(ModelError::BadToken { id: token, vocab });
-        }
+        self.check_step(&[token])?;
         let max = self.model.info.max_context;
-        if self.len + 1 > max {
-            return Err(ModelError::ContextOverflow {
-                len: self.len + 1,
-                max,
-            });
-        }
         let model = Arc::clone(&self.model);
         let pos0 = self.len;
         let next = (pos0 + 2 <= max).then_some(pos0 + 1);
@@ -526,25 +537,7 @@ impl<B: Backend> QwenSession<B> {
         all: bool,
         finish: impl FnOnce(&B, B::Tensor) -> R<T>,
     ) -> R<T> {
-        if self.broken {
-            return Err(ModelError::Other(
-                "session state is invalid after a failed step; rewind to 0".into(),
-            ));
-        }
-        if tokens.is_empty() {
-            return Err(ModelError::Empty);
-        }
-        let vocab = self.model.info.vocab_size;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ModelError::BadToken { id, vocab });
-        }
-        let max = self.model.info.max_context;
-        if self.len + tokens.len() > max {
-            return Err(ModelError::ContextOverflow {
-                len: self.len + tokens.len(),
-                max,
-            });
-        }
+        self.check_step(tokens)?;
         let model = Arc::clone(&self.model);
         match self.run(tokens, all).and_then(|l| finish(&model.be, l)) {
             Ok(v) => {
