@@ -134,8 +134,25 @@ impl Rope {
 pub struct KvShape {
     pub n_kv_heads: usize,
     pub head_dim: usize,
-    /// Capacity in tokens.
+    /// Positions `0 .. capacity` may be written.
     pub capacity: usize,
+    /// `Some(slots)`: a ring that keeps only the latest positions written, at least `slots` of
+    /// them (position p lives in slot p mod the ring's size; the CUDA cache rounds the size up
+    /// to whole pages), for sliding-window layers: attention that reaches a position the ring
+    /// no longer holds is the caller's error. `None`: every position below `capacity`.
+    pub ring: Option<usize>,
+}
+
+impl KvShape {
+    /// A cache of every position below `capacity`.
+    pub fn full(n_kv_heads: usize, head_dim: usize, capacity: usize) -> Self {
+        KvShape {
+            n_kv_heads,
+            head_dim,
+            capacity,
+            ring: None,
+        }
+    }
 }
 
 /// Parameters of one attention call.

@@ -142,11 +142,7 @@ fn attn_prep_default_is_the_composition() {
             freq_base_dims: hd,
         },
     ];
-    let shape = KvShape {
-        n_kv_heads: hkv,
-        head_dim: hd,
-        capacity: 16,
-    };
+    let shape = KvShape::full(hkv, hd, 16);
     let ap = AttnParams {
         n_heads: heads,
         n_kv_heads: hkv,

@@ -90,20 +90,29 @@ pub fn kv_budget_bytes(free: u64, util: f32, reserve: u64) -> u64 {
     ((free as f64 * util as f64) as u64).saturating_sub(reserve)
 }
 
-/// The log line of the context cap, when the budget (not `--ctx` or the model) set the context.
+/// The log line of the context cap, when the budget (not `--ctx` or the model) set the context:
+/// `per_token` KV bytes per token beside `fixed` bytes whatever the length (sliding-window rings).
 pub fn context_cap_line(
     max_context: usize,
     requested: usize,
     util: f32,
     budget: u64,
     per_token: u64,
+    fixed: u64,
 ) -> Option<String> {
-    if per_token == 0 || (budget / per_token) as usize > max_context || max_context >= requested {
+    let rest = budget.saturating_sub(fixed);
+    if per_token == 0 || (rest / per_token) as usize > max_context || max_context >= requested {
         return None;
     }
-    let gib = (max_context as u64 * per_token) as f64 / (1u64 << 30) as f64;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let total = gib(max_context as u64 * per_token + fixed);
+    let rings = if fixed > 0 {
+        format!(" + {:.2} GiB of sliding-window rings", gib(fixed))
+    } else {
+        String::new()
+    };
     Some(format!(
-        "context capped to {max_context} tokens by --gpu-mem-util {util:.2} (KV cache {gib:.2} GiB at {per_token} bytes/token)"
+        "context capped to {max_context} tokens by --gpu-mem-util {util:.2} (KV cache {total:.2} GiB at {per_token} bytes/token{rings})"
     ))
 }
 
@@ -174,13 +183,22 @@ fn load_cuda(
     let model = load_model_on(ckpt, Arc::new(be), &opts)?;
     let info = model.info();
     let per_token = opts.kv_bytes_per_token(info.kv_elems_per_token);
+    let fixed = opts.kv_bytes_per_token(info.kv_fixed_elems);
     if let Some(b) = budget.measured() {
-        match context_cap_line(info.max_context, a.ctx, util, b, per_token) {
+        match context_cap_line(info.max_context, a.ctx, util, b, per_token, fixed) {
             Some(line) => tracing::info!("{line}"),
             None => tracing::info!(
-                "context {} tokens; KV budget {:.2} GiB at {per_token} bytes/token",
+                "context {} tokens; KV budget {:.2} GiB at {per_token} bytes/token{}",
                 info.max_context,
-                b as f64 / (1u64 << 30) as f64
+                b as f64 / (1u64 << 30) as f64,
+                if fixed > 0 {
+                    format!(
+                        " + {:.2} GiB of sliding-window rings",
+                        fixed as f64 / (1u64 << 30) as f64
+                    )
+                } else {
+                    String::new()
+                }
             ),
         }
     }
@@ -441,12 +459,19 @@ mod tests {
         assert_eq!(opts.cap_context(262_144, elems).unwrap(), 58_254);
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
         // the log line
-        let line = context_cap_line(58_254, 262_144, 0.9, 4 * GIB, 73_728).unwrap();
+        let line = context_cap_line(58_254, 262_144, 0.9, 4 * GIB, 73_728, 0).unwrap();
         assert_eq!(
             line,
             "context capped to 58254 tokens by --gpu-mem-util 0.90 (KV cache 4.00 GiB at 73728 bytes/token)"
         );
-        assert!(context_cap_line(32_768, 32_768, 0.9, 4 * GIB, 73_728).is_none());
+        assert!(context_cap_line(32_768, 32_768, 0.9, 4 * GIB, 73_728, 0).is_none());
+        // rings come out of the budget first
+        let line = context_cap_line(1024, 262_144, 0.9, 5 * GIB, 1 << 20, 4 * GIB).unwrap();
+        assert_eq!(
+            line,
+            "context capped to 1024 tokens by --gpu-mem-util 0.90 (KV cache 5.00 GiB at 1048576 bytes/token + 4.00 GiB of sliding-window rings)"
+        );
+        assert!(context_cap_line(1024, 262_144, 0.9, 5 * GIB, 1 << 20, 0).is_none());
     }
 
     #[test]

@@ -31,6 +31,9 @@ pub struct ModelInfo {
     /// K and V elements one cached token takes over all layers (0 when unknown); times the
     /// backend's KV element size, the KV bytes per token.
     pub kv_elems_per_token: usize,
+    /// K and V elements a session holds whatever its length: the sliding-window layers' rings
+    /// (their positions are then not in `kv_elems_per_token`).
+    pub kv_fixed_elems: usize,
 }
 
 /// Logits for one or more positions, row-major `[rows, vocab]`.

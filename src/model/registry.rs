@@ -73,6 +73,45 @@ impl LoadOptions {
     }
 }
 
+impl LoadOptions {
+    /// [`Self::cap_context`] for a model whose sliding-window layers keep rings of `slots`
+    /// positions (`ring_elems` K and V elements per position over those layers) beside layers of
+    /// `full_elems` per token: the rings come out of the budget first, and the rest caps the
+    /// context. Where the context would not exceed the rings (they would hold it whole), every
+    /// layer counts per token, as a session then allocates them.
+    pub fn cap_context_ring(
+        &self,
+        own: usize,
+        full_elems: usize,
+        ring_elems: usize,
+        slots: usize,
+    ) -> Result<usize, ModelError> {
+        let Some(b) = &self.kv_budget else {
+            return Ok(own);
+        };
+        let budget = b.bytes();
+        if ring_elems > 0 && slots < own {
+            let fixed = self
+                .kv_bytes_per_token(ring_elems)
+                .saturating_mul(slots as u64);
+            if let Some(rest) = budget.checked_sub(fixed) {
+                let per = self.kv_bytes_per_token(full_elems);
+                let fits = rest
+                    .checked_div(per)
+                    .map_or(own, |f| usize::try_from(f).unwrap_or(usize::MAX).min(own));
+                if fits > slots {
+                    return Ok(fits);
+                }
+            }
+        }
+        context_cap(
+            own,
+            self.kv_bytes_per_token(full_elems + ring_elems),
+            budget,
+        )
+    }
+}
+
 /// `own` capped to the tokens `budget` bytes hold at `per_token` bytes each; an error when not
 /// even one token fits (`per_token == 0`: no cap).
 pub fn context_cap(own: usize, per_token: u64, budget: u64) -> Result<usize, ModelError> {
@@ -160,5 +199,53 @@ impl GgufMeta for GgufFile {
     }
     fn meta_bool(&self, key: &str) -> Option<bool> {
         self.get_bool(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(budget: u64) -> LoadOptions {
+        LoadOptions {
+            max_context: 0,
+            kv_budget: Some(KvBudget::new(move || budget)),
+            kv_elem_bytes: 1,
+        }
+    }
+
+    /// Gemma 4 12B's layers over an FP8 cache: 8 global layers of 1 x 512 (8192 K and V
+    /// elements a token), 40 sliding ones of 8 x 256 (163840) in rings of 9216 positions.
+    #[test]
+    fn rings_come_out_of_the_budget_before_the_context() {
+        const GIB: u64 = 1 << 30;
+        let (full, sliding, slots) = (8192, 163_840, 9216);
+        let ring_bytes = sliding as u64 * slots as u64;
+        // 20 GiB: the rings take 1.4 GiB, the rest holds the whole 262144-token context
+        let o = opts(20 * GIB);
+        assert_eq!(
+            o.cap_context_ring(262_144, full, sliding, slots).unwrap(),
+            262_144
+        );
+        // without rings it would hold 124830 tokens
+        assert_eq!(o.cap_context(262_144, full + sliding).unwrap(), 124_830);
+        // 2 GiB: the rest after the rings caps the context
+        let o = opts(2 * GIB);
+        assert_eq!(
+            o.cap_context_ring(262_144, full, sliding, slots).unwrap(),
+            ((2 * GIB - ring_bytes) / full as u64) as usize
+        );
+        // 1 GiB: the rings alone do not fit; every layer per token, below the rings' size
+        let o = opts(GIB);
+        let c = o.cap_context_ring(262_144, full, sliding, slots).unwrap();
+        assert_eq!(c, (GIB / (full + sliding) as u64) as usize);
+        assert!(c <= slots);
+        // no budget: the model's own context
+        assert_eq!(
+            LoadOptions::default()
+                .cap_context_ring(4096, full, sliding, slots)
+                .unwrap(),
+            4096
+        );
     }
 }

@@ -466,11 +466,7 @@ pub(super) fn attn_prep_cases(cx: &mut Ctx) {
             }) else {
                 continue;
             };
-            let shape = KvShape {
-                n_kv_heads: c.hkv,
-                head_dim: hd,
-                capacity: 128,
-            };
+            let shape = KvShape::full(c.hkv, hd, 128);
             let run = |composed: bool| -> R<(Vec<f32>, Vec<u8>, Vec<u8>)> {
                 let ids: Vec<u32> = (0..c.rows as u32).collect();
                 gpu.begin_forward(&ids, if c.registered { c.pos0 } else { 10_000 })?;

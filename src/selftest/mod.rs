@@ -11,6 +11,7 @@ mod backend_prefill;
 mod check;
 mod checks;
 pub mod models;
+mod ring_models;
 mod synth_models;
 
 pub use check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};

@@ -595,6 +595,8 @@ pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
         if kv == KvType::F16 {
             // whole models whose Q4_0 / Q4_K weights are repacked at upload
             part.extend(super::synth_models::check_synth(&gpu, &cpu_int8));
+            // sliding-window rings wrapped several times, against the whole context
+            part.extend(super::ring_models::ring_rows(&gpu, &cpu));
         }
         let bound = (kv == KvType::Fp8E4m3).then_some(FP8_KV_270M_BOUND);
         part.push(gemma3_270m_row(&gpu, &cpu_int8, bound));

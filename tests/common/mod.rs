@@ -107,6 +107,7 @@ impl ScriptedLm {
         let tok = Arc::new(tokenizer());
         Arc::new(Self {
             info: ModelInfo {
+                kv_fixed_elems: 0,
                 kv_elems_per_token: 0,
                 arch: "scripted".into(),
                 vocab_size: 256 + SPECIALS.len(),

@@ -7,14 +7,17 @@ use super::CpuTensor;
 use crate::backend::{AttnParams, BackendError, KvShape, Result};
 
 /// One layer's K and V for one sequence: `[positions, n_kv_heads * head_dim]` each, grown on
-/// demand up to `shape.capacity` positions.
+/// demand up to `shape.capacity` positions, or, for a ring (`shape.ring = Some(slots)`), up to
+/// `slots` rows with position p in row `p % slots`.
 #[derive(Debug, Clone)]
 pub struct CpuKvCache {
     pub shape: KvShape,
     k: Vec<f32>,
     v: Vec<f32>,
-    /// Positions written (all of `0..len` are valid).
+    /// Positions written (`lo .. len` are held).
     len: usize,
+    /// Oldest position still held: 0 unless a ring has overwritten older ones.
+    lo: usize,
 }
 
 impl CpuKvCache {
@@ -24,6 +27,7 @@ impl CpuKvCache {
             k: Vec::new(),
             v: Vec::new(),
             len: 0,
+            lo: 0,
         }
     }
     pub fn len(&self) -> usize {
@@ -32,8 +36,20 @@ impl CpuKvCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Oldest position still held (a ring drops positions more than its size behind the
+    /// newest write).
+    pub fn oldest(&self) -> usize {
+        self.lo
+    }
     fn width(&self) -> usize {
         self.shape.n_kv_heads * self.shape.head_dim
+    }
+    /// The row that holds position `p`.
+    fn slot(&self, p: usize) -> usize {
+        match self.shape.ring {
+            Some(s) if s > 0 => p % s,
+            _ => p,
+        }
     }
 
     pub fn write(&mut self, pos0: usize, k: &CpuTensor, v: &CpuTensor) -> Result<()> {
@@ -63,13 +79,33 @@ impl CpuKvCache {
                 ),
             });
         }
-        if self.k.len() < end * w {
-            self.k.resize(end * w, 0.0);
-            self.v.resize(end * w, 0.0);
+        let Some(slots) = self.shape.ring.filter(|&s| s > 0) else {
+            if self.k.len() < end * w {
+                self.k.resize(end * w, 0.0);
+                self.v.resize(end * w, 0.0);
+            }
+            self.k[pos0 * w..end * w].copy_from_slice(&k.data);
+            self.v[pos0 * w..end * w].copy_from_slice(&v.data);
+            self.len = self.len.max(end);
+            return Ok(());
+        };
+        let rows = end.min(slots);
+        if self.k.len() < rows * w {
+            self.k.resize(rows * w, 0.0);
+            self.v.resize(rows * w, 0.0);
         }
-        self.k[pos0 * w..end * w].copy_from_slice(&k.data);
-        self.v[pos0 * w..end * w].copy_from_slice(&v.data);
-        self.len = self.len.max(end);
+        for (i, p) in (pos0..end).enumerate() {
+            let r = self.slot(p);
+            self.k[r * w..(r + 1) * w].copy_from_slice(&k.data[i * w..(i + 1) * w]);
+            self.v[r * w..(r + 1) * w].copy_from_slice(&v.data[i * w..(i + 1) * w]);
+        }
+        // a rewrite that stops short of the old end may have overwritten positions past it
+        self.len = if end < self.len && self.len - pos0 > slots {
+            end
+        } else {
+            self.len.max(end)
+        };
+        self.lo = self.lo.max(end.saturating_sub(slots)).min(self.len);
         Ok(())
     }
 
@@ -81,8 +117,11 @@ impl CpuKvCache {
             });
         }
         self.len = len;
-        self.k.truncate(len * self.width());
-        self.v.truncate(len * self.width());
+        self.lo = self.lo.min(len);
+        if self.shape.ring.is_none() {
+            self.k.truncate(len * self.width());
+            self.v.truncate(len * self.width());
+        }
         Ok(())
     }
 
@@ -113,6 +152,19 @@ impl CpuKvCache {
                 self.len
             )));
         }
+        let window_start = |pos: usize| match p.window {
+            Some(win) if win > 0 => (pos + 1).saturating_sub(win),
+            _ => 0,
+        };
+        if n > 0 && window_start(pos0) < self.lo {
+            return Err(shape_err(format!(
+                "position {pos0} attends from position {}, but the cache's ring of {:?} \
+                 positions holds only {} onwards",
+                window_start(pos0),
+                self.shape.ring,
+                self.lo
+            )));
+        }
         let group = h / hkv;
         let w = self.width();
         let mut out = vec![0f32; n * h * hd];
@@ -122,14 +174,12 @@ impl CpuKvCache {
                 let (i, head) = (idx / h, idx % h);
                 let kvh = head / group;
                 let pos = pos0 + i;
-                let start = match p.window {
-                    Some(win) if win > 0 => (pos + 1).saturating_sub(win),
-                    _ => 0,
-                };
+                let start = window_start(pos);
                 let qv = &q.data[i * h * hd + head * hd..i * h * hd + (head + 1) * hd];
                 scores.clear();
                 for j in start..=pos {
-                    let kv = &self.k[j * w + kvh * hd..j * w + (kvh + 1) * hd];
+                    let r = self.slot(j);
+                    let kv = &self.k[r * w + kvh * hd..r * w + (kvh + 1) * hd];
                     let mut s = dot(qv, kv) * p.scale;
                     if let Some(cap) = p.softcap {
                         s = crate::ops::softcap(s, cap);
@@ -139,8 +189,8 @@ impl CpuKvCache {
                 crate::ops::softmax(scores);
                 o.iter_mut().for_each(|x| *x = 0.0);
                 for (jj, &pj) in scores.iter().enumerate() {
-                    let j = start + jj;
-                    let vv = &self.v[j * w + kvh * hd..j * w + (kvh + 1) * hd];
+                    let r = self.slot(start + jj);
+                    let vv = &self.v[r * w + kvh * hd..r * w + (kvh + 1) * hd];
                     for (x, y) in o.iter_mut().zip(vv) {
                         *x += pj * y;
                     }

@@ -350,13 +350,7 @@ fn attention_matches_naive_incrementally() {
             rng.vec(total * hkv * hd),
         );
         let want = naive_attention(&qv, &kv, &vv, total, 0, &p);
-        let mut cache = b
-            .kv_cache(KvShape {
-                n_kv_heads: hkv,
-                head_dim: hd,
-                capacity: 16,
-            })
-            .unwrap();
+        let mut cache = b.kv_cache(KvShape::full(hkv, hd, 16)).unwrap();
         // prefill 4, then 3 single steps
         let mut got = Vec::new();
         let mut pos = 0;
@@ -386,18 +380,86 @@ fn attention_matches_naive_incrementally() {
         );
         assert!(b.attention(&qt, &cache, 5, &p).is_err());
     }
-    let mut small = b
-        .kv_cache(KvShape {
-            n_kv_heads: 1,
-            head_dim: 2,
-            capacity: 2,
-        })
-        .unwrap();
+    let mut small = b.kv_cache(KvShape::full(1, 2, 2)).unwrap();
     let t = b.tensor(&[0.0; 6], 3, 2).unwrap();
     assert!(matches!(
         b.kv_write(&mut small, 0, &t, &t),
         Err(BackendError::KvOverflow { .. })
     ));
+}
+
+#[test]
+fn ring_cache_attends_as_the_whole_cache_and_refuses_what_it_lost() {
+    let b = CpuBackend::new();
+    let mut rng = Lcg(16);
+    let (h, hkv, hd, total, win) = (4, 2, 8, 60, 5);
+    let p = AttnParams {
+        n_heads: h,
+        n_kv_heads: hkv,
+        head_dim: hd,
+        scale: 0.4,
+        window: Some(win),
+        softcap: None,
+    };
+    let w = hkv * hd;
+    let (qv, kv, vv) = (
+        rng.vec(total * h * hd),
+        rng.vec(total * w),
+        rng.vec(total * w),
+    );
+    let want = naive_attention(&qv, &kv, &vv, total, 0, &p);
+    // 12 slots: passes of up to 12 - (5 - 1) = 8 rows keep every query's window
+    let mut ring = b
+        .kv_cache(KvShape {
+            ring: Some(12),
+            ..KvShape::full(hkv, hd, 100)
+        })
+        .unwrap();
+    let mut got = Vec::new();
+    let mut pos = 0;
+    for len in [8, 3, 8, 1, 1, 7, 8, 8, 1, 8, 7] {
+        let kt = b.tensor(&kv[pos * w..(pos + len) * w], len, w).unwrap();
+        let vt = b.tensor(&vv[pos * w..(pos + len) * w], len, w).unwrap();
+        b.kv_write(&mut ring, pos, &kt, &vt).unwrap();
+        let qt = b
+            .tensor(&qv[pos * h * hd..(pos + len) * h * hd], len, h * hd)
+            .unwrap();
+        got.extend(b.attention(&qt, &ring, pos, &p).unwrap().data);
+        pos += len;
+    }
+    assert_eq!(pos, total);
+    assert_close(&got, &want, 1e-5);
+    assert_eq!((ring.len(), ring.oldest()), (60, 48));
+    // a rewind inside the ring replays exactly
+    b.kv_truncate(&mut ring, 55).unwrap();
+    let kt = b.tensor(&kv[55 * w..56 * w], 1, w).unwrap();
+    let vt = b.tensor(&vv[55 * w..56 * w], 1, w).unwrap();
+    b.kv_write(&mut ring, 55, &kt, &vt).unwrap();
+    let qt = b.tensor(&qv[55 * h * hd..56 * h * hd], 1, h * hd).unwrap();
+    assert_close(
+        &b.attention(&qt, &ring, 55, &p).unwrap().data,
+        &want[55 * h * hd..56 * h * hd],
+        1e-5,
+    );
+    // queries whose window reaches positions the ring overwrote are refused
+    let qt = b.tensor(&qv[..h * hd], 1, h * hd).unwrap();
+    assert!(b.attention(&qt, &ring, 50, &p).is_err());
+    // so is one pass of more rows than the ring keeps for the window
+    let mut small = b
+        .kv_cache(KvShape {
+            ring: Some(12),
+            ..KvShape::full(hkv, hd, 100)
+        })
+        .unwrap();
+    let kt = b.tensor(&kv[..14 * w], 14, w).unwrap();
+    let vt = b.tensor(&vv[..14 * w], 14, w).unwrap();
+    b.kv_write(&mut small, 0, &kt, &vt).unwrap();
+    let qt = b.tensor(&qv[..14 * h * hd], 14, h * hd).unwrap();
+    assert!(b.attention(&qt, &small, 0, &p).is_err());
+    // without a window every position is needed: a wrapped ring refuses
+    let full = AttnParams { window: None, ..p };
+    let qt = b.tensor(&qv[..h * hd], 1, h * hd).unwrap();
+    assert!(b.attention(&qt, &ring, 55, &full).is_err());
 }
 
 #[test]

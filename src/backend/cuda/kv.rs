@@ -5,10 +5,13 @@
 //! Positions come from device memory (`pos`: one i32 per row), so a decode step that calls these
 //! can be captured once and replayed as a CUDA graph at any position.
 //!
-//! Layout: K and V are `[pages][n_kv_heads][KV_PAGE][head_dim]` of the cache type (FP8 E4M3 or
-//! F16), pages in identity order; `extra` holds the identity block table (i32 `[pages]`) the
-//! split-K decode kernel reads, followed by its arrival counters (u32 `[n_kv_heads][16]`: per KV
-//! head and head share, zeroed here and left zero by every decode launch). FP8 uses one per-tensor scale of [`KV_SCALE`] = 1.0 for K and V:
+//! Layout: K and V are `[ring_pages][n_kv_heads][KV_PAGE][head_dim]` of the cache type (FP8 E4M3
+//! or F16). Position j lives on page `(j / KV_PAGE) % ring_pages`: every page of the capacity in
+//! identity order, or, for a sliding-window layer (`KvShape::ring`), a ring of the pages its
+//! window and one prefill chunk need. `extra` holds the block table (i32 `[pages]`: logical page
+//! -> allocated page) the split-K decode kernel reads, followed by its arrival counters (u32
+//! `[n_kv_heads][16]`: per KV head and head share, zeroed here and left zero by every decode
+//! launch). FP8 uses one per-tensor scale of [`KV_SCALE`] = 1.0 for K and V:
 //! values are stored as they are, rounded to nearest even and clamped to +-448 (E4M3FN's
 //! largest finite value). The caches are zeroed when allocated.
 
@@ -92,24 +95,32 @@ pub fn kv_head_dim(d: usize) -> Option<HeadDim> {
     }
 }
 
-/// The paged layout of a cache of `shape` and `kv_type`.
+/// The paged layout of a cache of `shape` and `kv_type`: a ring of whole pages holding at least
+/// `shape.ring` positions, or every page of the capacity.
 pub fn kv_layout(shape: &KvShape, kv_type: KvType) -> KvLayout {
+    let pages = shape.capacity.div_ceil(KV_PAGE);
     KvLayout {
         hkv: shape.n_kv_heads,
         head_dim: shape.head_dim,
         page_size: KV_PAGE,
         capacity: shape.capacity,
+        ring_pages: shape.ring.map_or(pages, |s| s.div_ceil(KV_PAGE).min(pages)),
         elem_bytes: kv_type.bytes(),
     }
 }
 
 /// Validate a cache shape (host side, before allocating).
 pub fn check_kv_shape(shape: &KvShape) -> Result<(), CudaError> {
-    if shape.n_kv_heads == 0 || shape.capacity == 0 || kv_head_dim(shape.head_dim).is_none() {
+    if shape.n_kv_heads == 0
+        || shape.capacity == 0
+        || shape.ring == Some(0)
+        || kv_head_dim(shape.head_dim).is_none()
+    {
         return Err(bad(
             "kv_cache",
             format!(
-                "{shape:?}: need heads > 0, capacity > 0 and head_dim 16, 32, 64, 128, 256 or 512"
+                "{shape:?}: need heads > 0, capacity > 0, a ring of > 0 slots and head_dim 16, \
+                 32, 64, 128, 256 or 512"
             ),
         ));
     }
@@ -253,8 +264,10 @@ impl CudaDevice {
         // zeroed, so that a tile that reaches past the written keys reads finite values
         k.fill_bytes(0)?;
         v.fill_bytes(0)?;
-        // the block table, then the decode kernel's arrival counters (zero)
-        let mut table: Vec<i32> = (0..layout.pages() as i32).collect();
+        // the block table (logical page -> allocated page: identity, or modulo the ring), then
+        // the decode kernel's arrival counters (zero)
+        let ring = layout.ring_pages as i32;
+        let mut table: Vec<i32> = (0..layout.pages() as i32).map(|p| p % ring).collect();
         table.resize(layout.pages() + shape.n_kv_heads * MAX_HEAD_SPLIT, 0);
         let extra = pool.upload_persistent(&table)?;
         Ok(GpuKvCache {
@@ -428,11 +441,27 @@ mod tests {
     use super::*;
 
     fn shape(hkv: usize, d: usize, cap: usize) -> KvShape {
-        KvShape {
-            n_kv_heads: hkv,
-            head_dim: d,
-            capacity: cap,
-        }
+        KvShape::full(hkv, d, cap)
+    }
+
+    #[test]
+    fn rings_round_up_to_whole_pages_within_the_capacity() {
+        let ring = |slots| KvShape {
+            ring: Some(slots),
+            ..shape(8, 256, 10_000)
+        };
+        let l = kv_layout(&ring(1087), KvType::Fp8E4m3);
+        assert_eq!((l.pages(), l.ring_pages), (157, 17));
+        assert_eq!(l.bytes(), 17 * 8 * 64 * 256);
+        assert_eq!(kv_layout(&ring(64), KvType::F16).ring_pages, 1);
+        // a ring no smaller than the capacity is the whole cache
+        assert_eq!(kv_layout(&ring(20_000), KvType::F16).ring_pages, 157);
+        assert_eq!(
+            kv_layout(&shape(8, 256, 10_000), KvType::F16).ring_pages,
+            157
+        );
+        assert!(check_kv_shape(&ring(0)).is_err());
+        assert!(check_kv_shape(&ring(1)).is_ok());
     }
 
     #[test]

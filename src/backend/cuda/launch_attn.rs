@@ -14,30 +14,35 @@ fn invalid(op: &'static str, detail: String) -> CudaError {
     CudaError::Invalid { op, detail }
 }
 
-/// The paged cache layout: `[pages][hkv][page_size][head_dim]` elements of `elem_bytes`, pages
-/// in identity order (position j lives on page j / page_size).
+/// The paged cache layout: `[ring_pages][hkv][page_size][head_dim]` elements of `elem_bytes`.
+/// Position j lives on page `(j / page_size) % ring_pages`: a full cache has `ring_pages ==
+/// pages()` (identity order); a sliding-window ring has fewer, and position j overwrites
+/// position `j - ring_pages * page_size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
     pub hkv: usize,
     pub head_dim: usize,
     pub page_size: usize,
-    /// Positions the cache holds (`pages * page_size >= capacity`).
+    /// Positions below this may be written (`pages() * page_size >= capacity`).
     pub capacity: usize,
+    /// Pages allocated (`1 ..= pages()`).
+    pub ring_pages: usize,
     pub elem_bytes: usize,
 }
 
 impl KvLayout {
+    /// Logical pages: the positions `0 .. capacity` in pages.
     pub fn pages(&self) -> usize {
         self.capacity.div_ceil(self.page_size.max(1))
     }
     /// Bytes of one of the K / V caches.
     pub fn bytes(&self) -> usize {
-        self.pages() * self.hkv * self.page_size * self.head_dim * self.elem_bytes
+        self.ring_pages * self.hkv * self.page_size * self.head_dim * self.elem_bytes
     }
     /// Element index of (position `pos`, KV head `h`, dim 0): what the kernels compute.
     pub fn elem_offset(&self, pos: usize, h: usize) -> usize {
-        ((pos / self.page_size * self.hkv + h) * self.page_size + pos % self.page_size)
-            * self.head_dim
+        let page = (pos / self.page_size) % self.ring_pages.max(1);
+        ((page * self.hkv + h) * self.page_size + pos % self.page_size) * self.head_dim
     }
     pub(crate) fn check(
         &self,
@@ -47,6 +52,12 @@ impl KvLayout {
     ) -> Result<(), CudaError> {
         if self.hkv == 0 || self.head_dim == 0 || self.page_size == 0 || self.capacity == 0 {
             return Err(invalid(op, format!("empty cache layout {self:?}")));
+        }
+        if self.ring_pages == 0 || self.ring_pages > self.pages() {
+            return Err(invalid(
+                op,
+                format!("{self:?}: ring pages must be 1 ..= {}", self.pages()),
+            ));
         }
         if k.len() < self.bytes() || v.len() < self.bytes() {
             return Err(invalid(
@@ -168,11 +179,12 @@ impl CudaDevice {
             return Err(invalid(OP, format!("scales {k_scale} / {v_scale}")));
         }
         let i = |v: usize| i32::try_from(v).map_err(|_| invalid(OP, format!("{v} exceeds i32")));
-        let (hkv, d, pg, cap) = (
+        let (hkv, d, pg, cap, ring) = (
             i(layout.hkv)?,
             i(layout.head_dim)?,
             i(layout.page_size)?,
             i(layout.capacity)?,
+            i(layout.ring_pages)?,
         );
         let grid_x = u32::try_from(n).map_err(|_| invalid(OP, "too many rows".into()))?;
         if layout.hkv > 65535 {
@@ -188,10 +200,17 @@ impl CudaDevice {
         let (kr, vr, pr, kcr, vcr) = (k.raw(), v.raw(), pos.raw(), k_cache.raw(), v_cache.raw());
         let mut b = self.stream().launch_builder(&f);
         b.arg(&kr).arg(&vr).arg(&pr).arg(&kcr).arg(&vcr);
-        b.arg(&hkv).arg(&d).arg(&pg).arg(&cap).arg(&ik).arg(&iv);
+        b.arg(&hkv)
+            .arg(&d)
+            .arg(&pg)
+            .arg(&cap)
+            .arg(&ring)
+            .arg(&ik)
+            .arg(&iv);
         // SAFETY: matches ops/kv_write (k, v, pos, k_cache, v_cache, hkv, d, page_size,
-        // capacity, inv_k_scale, inv_v_scale); k / v / pos sizes checked above; the caches hold
-        // `layout.bytes()` and the kernel skips positions outside [0, capacity).
+        // capacity, ring_pages, inv_k_scale, inv_v_scale); k / v / pos sizes checked above; the
+        // caches hold `layout.bytes()` (ring_pages pages), the kernel skips positions outside
+        // [0, capacity) and takes every page index modulo ring_pages.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())
     }
@@ -244,12 +263,13 @@ impl CudaDevice {
             ));
         }
         let i = |v: usize| i32::try_from(v).map_err(|_| invalid(OP, format!("{v} exceeds i32")));
-        let (n, hq, hkv, pg, cap, win) = (
+        let (n, hq, hkv, pg, cap, ring, win) = (
             i(p.n)?,
             i(p.hq)?,
             i(p.hkv)?,
             i(layout.page_size)?,
             i(layout.capacity)?,
+            i(layout.ring_pages)?,
             i(p.window)?,
         );
         let qk_scale = p.scale * p.k_scale;
@@ -275,13 +295,15 @@ impl CudaDevice {
             .arg(&hkv)
             .arg(&pg)
             .arg(&cap)
+            .arg(&ring)
             .arg(&qk_scale)
             .arg(&p.v_scale)
             .arg(&p.softcap)
             .arg(&win);
         // SAFETY: matches ops/attn_prefill (q, pos, k_cache, v_cache, out, n, hq, hkv,
-        // page_size, capacity, qk_scale, v_scale, softcap, window); q / out / pos sizes and the
-        // cache layout checked above; the kernel never reads keys at or past `capacity`.
+        // page_size, capacity, ring_pages, qk_scale, v_scale, softcap, window); q / out / pos
+        // sizes and the cache layout checked above; the kernel never reads keys at or past
+        // `capacity` and takes every page index modulo ring_pages.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())
     }
@@ -298,6 +320,7 @@ mod tests {
             head_dim: 128,
             page_size: 64,
             capacity: 130,
+            ring_pages: 3,
             elem_bytes: 1,
         };
         assert_eq!(l.pages(), 3);
@@ -318,6 +341,28 @@ mod tests {
         }
         let f16 = KvLayout { elem_bytes: 2, ..l };
         assert_eq!(f16.bytes(), 2 * l.bytes());
+        // a ring of 2 pages: position p shares its row with p +- 128, and with nothing closer
+        let r = KvLayout {
+            capacity: 1000,
+            ring_pages: 2,
+            ..l
+        };
+        assert_eq!(r.pages(), 16);
+        assert_eq!(r.bytes(), 2 * 2 * 64 * 128);
+        for p in 0..r.capacity {
+            let o = r.elem_offset(p, 1);
+            assert!(o + r.head_dim <= r.bytes());
+            assert_eq!(o, r.elem_offset(p % 128, 1));
+            assert_eq!(o, l.elem_offset(p % 128, 1));
+        }
+        for bad in [0, 17] {
+            let b = KvLayout {
+                ring_pages: bad,
+                ..r
+            };
+            let e = b.check("t", DevPtr::null(), DevPtr::null()).unwrap_err();
+            assert!(e.to_string().contains("ring pages"), "{e}");
+        }
     }
 
     #[test]

@@ -424,9 +424,10 @@ impl CudaDevice {
                 RopeLayout::Interleaved => 1,
             },
         ];
-        let (pg, cap) = (
+        let (pg, cap, ring) = (
             int(OP, "page_size", layout.page_size)?,
             int(OP, "capacity", layout.capacity)?,
+            int(OP, "ring_pages", layout.ring_pages)?,
         );
         let (ik, iv) = (1.0f32 / p.k_scale, 1.0f32 / p.v_scale);
         let ptrs = [
@@ -443,15 +444,16 @@ impl CudaDevice {
         // (const float* q, k, v, const int* pos, const float* freq_factors, const float* qw, kw,
         //  vw, int q_mode, k_mode, v_mode, float eps, float* q_out, kv_t* k_cache, v_cache,
         //  int n_heads, hkv, d, rot_dims, freq_base_dims, layout, float theta, int page_size,
-        //  capacity, float inv_k_scale, inv_v_scale); sizes checked above, the caches hold
-        //  `layout.bytes()`, and the kernel skips positions outside [0, capacity).
+        //  capacity, ring_pages, float inv_k_scale, inv_v_scale); sizes checked above, the
+        //  caches hold `layout.bytes()` (ring_pages pages), and the kernel skips positions
+        //  outside [0, capacity) and takes page indices modulo ring_pages.
         self.go(
             kn,
             cfg,
             &[
                 &ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &ptrs[4], &ptrs[5], &ptrs[6], &ptrs[7],
                 &qm, &km, &vm, &p.eps, &outs[0], &outs[1], &outs[2], &ints[0], &ints[1], &ints[2],
-                &ints[3], &ints[4], &ints[5], &p.theta, &pg, &cap, &ik, &iv,
+                &ints[3], &ints[4], &ints[5], &p.theta, &pg, &cap, &ring, &ik, &iv,
             ],
         )
     }

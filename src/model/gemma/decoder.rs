@@ -20,17 +20,12 @@
 use std::sync::Arc;
 
 use crate::model::common::prefill_chunk;
-use crate::model::common::replay::StepReplay;
 
 use super::layers::{GemmaWeights, Layer};
 use super::spec::{GemmaSpec, NormForm};
 use super::weights::me;
-use crate::backend::{Activation, AttnParams, AttnPrep, Backend, KvShape, Norm, PostNorm};
-use crate::engine::SamplingParams;
-use crate::model::{
-    host_forward_sample, BackendSampler, CausalLm, Logits, ModelError, ModelInfo, Session,
-    TokenSampler,
-};
+use crate::backend::{Activation, AttnParams, AttnPrep, Backend, Norm, PostNorm};
+use crate::model::{Logits, ModelError, ModelInfo};
 
 /// A residual add still pending: the branch output `y`, the norm it takes before the add (None:
 /// added as it is) and the multiplier on the sum (the layer scalar).
@@ -52,23 +47,50 @@ pub struct GemmaModel<B: Backend> {
     pub weights: GemmaWeights<B>,
     pub backend: Arc<B>,
     pub info: ModelInfo,
+    /// Tokens per pass over a prompt ([`prefill_chunk`]); on a model with sliding-window rings
+    /// also the most positions one pass writes (see `session`).
+    pub(crate) pass_chunk: usize,
+    /// Sliding-window layers keep rings where those are shorter than the context (false: the
+    /// whole context, for comparisons).
+    pub(crate) rings: bool,
 }
 
 impl<B: Backend> GemmaModel<B> {
     pub fn new(spec: GemmaSpec, weights: GemmaWeights<B>, backend: Arc<B>) -> Self {
-        let info = ModelInfo {
-            arch: spec.arch.to_string(),
-            vocab_size: spec.vocab,
-            hidden_size: spec.hidden,
-            max_context: spec.max_context,
-            kv_elems_per_token: spec.kv_elems_per_token(),
-        };
-        GemmaModel {
+        let mut m = GemmaModel {
+            info: ModelInfo {
+                arch: spec.arch.to_string(),
+                vocab_size: spec.vocab,
+                hidden_size: spec.hidden,
+                max_context: spec.max_context,
+                kv_elems_per_token: spec.kv_elems_per_token(),
+                kv_fixed_elems: 0,
+            },
             spec,
             weights,
             backend,
-            info,
-        }
+            pass_chunk: prefill_chunk(),
+            rings: true,
+        };
+        m.note_kv_sizes();
+        m
+    }
+
+    /// Passes of `chunk` tokens, with (`rings`) or without sliding-window rings (sessions made
+    /// before keep what they have).
+    pub fn set_passes(&mut self, chunk: usize, rings: bool) {
+        self.pass_chunk = chunk.max(1);
+        self.rings = rings;
+        self.note_kv_sizes();
+    }
+
+    /// `info`'s KV sizes as sessions allocate them: with rings, the sliding layers' positions
+    /// are a fixed amount, not per token.
+    fn note_kv_sizes(&mut self) {
+        let (full, sliding) = self.spec.kv_elems_split();
+        let slots = self.ring();
+        self.info.kv_elems_per_token = full + if slots.is_some() { 0 } else { sliding };
+        self.info.kv_fixed_elems = slots.map_or(0, |s| s * sliding);
     }
 
     /// The norm form for a stored weight.
@@ -83,32 +105,6 @@ impl<B: Backend> GemmaModel<B> {
         self.backend
             .rms_norm(x, self.norm(w), self.spec.eps, self.spec.hidden)
             .map_err(me)
-    }
-
-    /// A fresh session with its own caches.
-    pub fn session(self: &Arc<Self>) -> Result<GemmaSession<B>, ModelError> {
-        let mut caches = Vec::with_capacity(self.spec.n_layers());
-        for l in &self.spec.layers {
-            caches.push(match l.kv_source {
-                Some(_) => None,
-                None => Some(
-                    self.backend
-                        .kv_cache(KvShape {
-                            n_kv_heads: l.n_kv_heads,
-                            head_dim: l.head_dim,
-                            capacity: self.spec.max_context,
-                        })
-                        .map_err(me)?,
-                ),
-            });
-        }
-        Ok(GemmaSession {
-            model: Arc::clone(self),
-            caches,
-            len: 0,
-            hidden: None,
-            graph: StepReplay::default(),
-        })
     }
 
     /// Per-layer inputs for `ids` (`[n, n_layers * ple_dim]`), given the scaled embeddings.
@@ -481,244 +477,5 @@ impl<B: Backend> GemmaModel<B> {
         let be = &*self.backend;
         let (n, _) = be.dims(h);
         be.slice_rows(h, n.saturating_sub(1), 1).map_err(me)
-    }
-}
-
-impl<B: Backend> CausalLm for GemmaModel<B> {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    fn new_session(self: Arc<Self>) -> Box<dyn Session> {
-        match self.session() {
-            Ok(s) => Box::new(s),
-            Err(e) => Box::new(FailedSession(e.to_string())),
-        }
-    }
-}
-
-/// A session whose caches could not be allocated: every call reports why.
-struct FailedSession(String);
-
-impl Session for FailedSession {
-    fn forward(&mut self, _: &[u32], _: bool) -> Result<Logits, ModelError> {
-        Err(ModelError::Other(format!(
-            "session unavailable: {}",
-            self.0
-        )))
-    }
-    fn len(&self) -> usize {
-        0
-    }
-    fn rewind(&mut self, _: usize) -> Result<(), ModelError> {
-        Err(ModelError::Other(format!(
-            "session unavailable: {}",
-            self.0
-        )))
-    }
-}
-
-/// One sequence on a Gemma model: a KV cache per layer that owns one.
-pub struct GemmaSession<B: Backend> {
-    pub model: Arc<GemmaModel<B>>,
-    pub caches: Vec<Option<B::KvCache>>,
-    len: usize,
-    /// Final-normed hidden state of the last position (what the Gemma 4 MTP head reads).
-    hidden: Option<B::Tensor>,
-    /// Decode-step replay (CUDA graph).
-    graph: StepReplay<B>,
-}
-
-impl<B: Backend> GemmaSession<B> {
-    /// Post-final-norm hidden state of the last token processed (`[1, hidden]`).
-    pub fn last_hidden(&self) -> Option<&B::Tensor> {
-        self.hidden.as_ref()
-    }
-}
-
-impl<B: Backend> GemmaSession<B> {
-    /// Checks, then the layers over `tokens`: returns the logits tensor (every row when `all`,
-    /// else the last) and keeps the last row's hidden state. A one-token step is recorded once and
-    /// then replayed (`StepReplay`). A failure drops whatever the step wrote, so the session
-    /// stays usable.
-    fn pass(&mut self, tokens: &[u32], all: bool) -> Result<B::Tensor, ModelError> {
-        self.graph.forget_inflight();
-        let end = self.check_pass(tokens)?;
-        let model = Arc::clone(&self.model);
-        let m = &*model;
-        let pos0 = self.len;
-        let caches = &mut self.caches;
-        let mut run = || -> Result<Vec<B::Tensor>, ModelError> {
-            // Long prompts run in chunks (bounded activation memory); only the last chunk's
-            // rows reach the head. `all` keeps one pass: every row's logits are asked for.
-            let chunk = if all { tokens.len() } else { prefill_chunk() };
-            let mut at = pos0;
-            let mut h = None;
-            for c in tokens.chunks(chunk.max(1)) {
-                h = Some(m.hidden_states(c, at, caches)?);
-                at += c.len();
-            }
-            let h = h.ok_or(ModelError::Empty)?;
-            if m.backend.dims(&h).0 == 1 {
-                // one row is its own last row (and keeps the int8 side-car the final norm
-                // wrote, which the head's GEMV reads)
-                let logits = m.logits_tensor(&h)?;
-                return Ok(vec![logits, h]);
-            }
-            let last = m.last_row(&h)?;
-            let logits = m.logits_tensor(if all { &h } else { &last })?;
-            Ok(vec![logits, last])
-        };
-        let r = if tokens.len() == 1 && !all {
-            self.graph.step_many(&*m.backend, tokens, pos0, run)
-        } else {
-            run()
-        };
-        match r {
-            Ok(mut v) if v.len() == 2 => {
-                let last = v.pop().expect("two outputs");
-                let logits = v.pop().expect("two outputs");
-                self.hidden = Some(last);
-                self.len = end;
-                Ok(logits)
-            }
-            Ok(_) => Err(ModelError::Other("forward pass lost its outputs".into())),
-            Err(e) => {
-                let keep = self.len;
-                for c in self.caches.iter_mut().flatten() {
-                    let _ = self.model.backend.kv_truncate(c, keep);
-                }
-                Err(e)
-            }
-        }
-    }
-}
-
-impl<B: Backend> GemmaSession<B> {
-    /// What a pass over `tokens` needs: some tokens, all in the vocabulary, room in the
-    /// context. Returns the length after it.
-    fn check_pass(&self, tokens: &[u32]) -> Result<usize, ModelError> {
-        if tokens.is_empty() {
-            return Err(ModelError::Empty);
-        }
-        let spec = &self.model.spec;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= spec.vocab) {
-            return Err(ModelError::BadToken {
-                id,
-                vocab: spec.vocab,
-            });
-        }
-        let end = self.len + tokens.len();
-        if end > spec.max_context {
-            return Err(ModelError::ContextOverflow {
-                len: end,
-                max: spec.max_context,
-            });
-        }
-        Ok(end)
-    }
-
-    /// `pass` of one token and the draw from its logits, pipelined: the next step is queued
-    /// fed with the drawn id before the host waits for it (`StepReplay::step_sampled`; every
-    /// per-step state here is a K/V row, rewritten before it is read).
-    fn pass_sampled(
-        &mut self,
-        token: u32,
-        s: &mut BackendSampler<B>,
-        banned: &[u32],
-    ) -> Result<u32, ModelError> {
-        self.check_pass(&[token])?;
-        let model = Arc::clone(&self.model);
-        let m = &*model;
-        let max = m.spec.max_context;
-        let pos0 = self.len;
-        let next = (pos0 + 2 <= max).then_some(pos0 + 1);
-        let caches = &mut self.caches;
-        let run = || -> Result<Vec<B::Tensor>, ModelError> {
-            let h = m.hidden_states(&[token], pos0, caches)?;
-            // one row keeps the final norm's int8 side-car for the head's GEMV
-            let logits = m.logits_tensor(&h)?;
-            Ok(vec![logits, h])
-        };
-        let r = self
-            .graph
-            .step_sampled(&*m.backend, token, pos0, next, s.state_mut(), banned, run);
-        match r {
-            Ok(mut st) => {
-                self.hidden = st.rest.pop();
-                self.len += 1;
-                Ok(st.token)
-            }
-            Err(e) => {
-                let keep = self.len;
-                for c in self.caches.iter_mut().flatten() {
-                    let _ = self.model.backend.kv_truncate(c, keep);
-                }
-                Err(e)
-            }
-        }
-    }
-}
-
-impl<B: Backend> Session for GemmaSession<B> {
-    fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Logits, ModelError> {
-        let l = self.pass(tokens, all)?;
-        let be = &*self.model.backend;
-        let (rows, vocab) = be.dims(&l);
-        Ok(Logits {
-            rows,
-            vocab,
-            data: be.to_host(&l).map_err(me)?,
-        })
-    }
-
-    fn sampler(
-        &self,
-        params: &SamplingParams,
-        prompt: &[u32],
-        vocab: usize,
-    ) -> Result<Box<dyn TokenSampler>, ModelError> {
-        Ok(Box::new(BackendSampler::new(
-            self.model.backend.clone(),
-            params,
-            prompt,
-            vocab,
-        )?))
-    }
-
-    fn forward_sample(
-        &mut self,
-        tokens: &[u32],
-        sampler: &mut dyn TokenSampler,
-        banned: &[u32],
-    ) -> Result<u32, ModelError> {
-        match sampler.as_any_mut().downcast_mut::<BackendSampler<B>>() {
-            Some(s) if tokens.len() == 1 => self.pass_sampled(tokens[0], s, banned),
-            Some(s) => {
-                let l = self.pass(tokens, false)?;
-                s.sample(l, banned)
-            }
-            None => host_forward_sample(self, tokens, sampler, banned),
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn rewind(&mut self, n: usize) -> Result<(), ModelError> {
-        self.graph.forget_inflight();
-        if n > self.len {
-            return Err(ModelError::Rewind {
-                to: n,
-                why: format!("only {} tokens held", self.len),
-            });
-        }
-        for c in self.caches.iter_mut().flatten() {
-            self.model.backend.kv_truncate(c, n).map_err(me)?;
-        }
-        self.len = n;
-        self.hidden = None;
-        Ok(())
     }
 }

@@ -6,10 +6,12 @@ pub mod config;
 pub mod decoder;
 pub mod layers;
 pub mod moe;
+pub mod session;
 pub mod spec;
 pub mod weights;
 
-pub use decoder::{GemmaModel, GemmaSession};
+pub use decoder::GemmaModel;
+pub use session::{ring_slots, GemmaSession};
 
 use std::sync::Arc;
 
@@ -47,7 +49,9 @@ pub fn build_with<B: Backend>(
         naming: spec.naming.clone(),
     };
     let weights = layers::GemmaWeights::load(&ld, &spec)?;
-    spec.max_context = opts.cap_context(spec.max_context, spec.kv_elems_per_token())?;
+    let (full, sliding) = spec.kv_elems_split();
+    let slots = ring_slots(spec.window, crate::model::common::prefill_chunk());
+    spec.max_context = opts.cap_context_ring(spec.max_context, full, sliding, slots)?;
     Ok(Arc::new(GemmaModel::new(spec, weights, backend)))
 }
 pub use spec::{GemmaSpec, LayerSpec, MoeSpec, Naming, NormForm};

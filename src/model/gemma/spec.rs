@@ -86,11 +86,22 @@ impl GemmaSpec {
 
     /// K and V elements one token occupies over the layers that own a cache.
     pub fn kv_elems_per_token(&self) -> usize {
-        self.layers
-            .iter()
-            .filter(|l| l.kv_source.is_none())
-            .map(|l| 2 * l.n_kv_heads * l.head_dim)
-            .sum()
+        let (full, sliding) = self.kv_elems_split();
+        full + sliding
+    }
+
+    /// [`Self::kv_elems_per_token`] split into (the other layers, the sliding-window layers).
+    pub fn kv_elems_split(&self) -> (usize, usize) {
+        let mut split = (0, 0);
+        for l in self.layers.iter().filter(|l| l.kv_source.is_none()) {
+            let e = 2 * l.n_kv_heads * l.head_dim;
+            if l.sliding {
+                split.1 += e;
+            } else {
+                split.0 += e;
+            }
+        }
+        split
     }
 
     /// Basic consistency checks, so a malformed config fails at load with a message.

@@ -19,10 +19,10 @@ use std::sync::Arc;
 use crate::arch::Detected;
 use crate::backend::Backend;
 use crate::model::gemma::config::{self, bad};
-use crate::model::gemma::decoder::{GemmaModel, GemmaSession};
 use crate::model::gemma::layers::GemmaWeights;
 use crate::model::gemma::spec::GemmaSpec;
 use crate::model::gemma::weights::{global_name, me, Loader};
+use crate::model::gemma::{GemmaModel, GemmaSession};
 use crate::model::{Logits, ModelError};
 use crate::weights::Checkpoint;
 

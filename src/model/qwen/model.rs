@@ -192,6 +192,7 @@ impl<B: Backend> QwenModel<B> {
             hidden_size: hidden,
             max_context,
             kv_elems_per_token,
+            kv_fixed_elems: 0,
         };
         Ok(Arc::new(QwenModel {
             be: backend,
@@ -329,11 +330,11 @@ impl<B: Backend> QwenModel<B> {
         self.layers
             .iter()
             .map(|l| match &l.mixer {
-                MixerW::Attn(a) => Ok(LayerState::Kv(bk!(be.kv_cache(KvShape {
-                    n_kv_heads: a.params.n_kv_heads,
-                    head_dim: a.params.head_dim,
-                    capacity: self.info.max_context,
-                }))?)),
+                MixerW::Attn(a) => Ok(LayerState::Kv(bk!(be.kv_cache(KvShape::full(
+                    a.params.n_kv_heads,
+                    a.params.head_dim,
+                    self.info.max_context,
+                )))?)),
                 MixerW::Gdn(g) => Ok(LayerState::Gdn(g.new_state(be)?)),
             })
             .collect()

@@ -4,7 +4,8 @@
 //! `kv_write` (prefix rows before the query rows: positions not starting at 0), then the
 //! instance runs on the query rows. Cases: GQA groups 1, 4 and 16, a sliding window with a tanh
 //! softcap, query rows in shuffled position order, row counts that are not multiples of the
-//! 16-row tile, keys crossing pages. The `attention` entry point is checked on the same data
+//! 16-row tile, keys crossing pages, sliding-window rings (`KvShape::ring`) written around
+//! several times before the query rows. The `attention` entry point is checked on the same data
 //! for many rows (prefill dispatch) and for the last row alone (split-K decode dispatch).
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
@@ -29,6 +30,8 @@ struct Case {
     /// Multiplier on 1/sqrt(d).
     sharp: f32,
     shuffle: bool,
+    /// `KvShape::ring` slots (0: a full cache).
+    ring: usize,
 }
 
 fn cases(d: usize) -> Vec<Case> {
@@ -42,16 +45,21 @@ fn cases(d: usize) -> Vec<Case> {
         softcap,
         sharp,
         shuffle,
+        ring: 0,
     };
+    // a ring needs window + n - 1 <= slots (what a session's chunking keeps)
+    let ring = |c: Case, slots| Case { ring: slots, ..c };
     let mut v = vec![
         c(8, 2, 40, 0, 128, 0, 0.0, 1.0, false),
         c(16, 1, 33, 70, 200, 48, 30.0, 3.0, false),
         c(4, 4, 17, 5, 192, 0, 0.0, 1.0, true),
+        ring(c(8, 2, 60, 400, 700, 64, 30.0, 2.0, true), 128),
     ];
     if d <= 32 {
         // the golden models' shapes: window 4 (sliding layers), one KV head (Gemma 4 global)
         v.push(c(4, 2, 21, 3, 64, 4, 0.0, 1.0, true));
         v.push(c(4, 1, 9, 50, 130, 0, 0.0, 1.0, false));
+        v.push(ring(c(4, 2, 21, 150, 256, 4, 0.0, 1.0, true), 64));
     }
     if d <= 256 {
         v.push(c(8, 8, 100, 300, 512, 0, 0.0, 1.5, false));
@@ -103,16 +111,25 @@ impl KernelCheck for AttnPrefillCheck {
                 n_kv_heads: c.hkv,
                 head_dim: d,
                 capacity: c.cap,
+                ring: (c.ring > 0).then_some(c.ring),
             };
             let mut cache = dev.kv_cache_new(&pool, shape, kv_type)?;
             let kx = uniform(rng, total * row, -2.0, 2.0);
             let vx = uniform(rng, total * row, -2.0, 2.0);
             let (_, kf) = encode_kv(quant, &kx);
             let (_, vf) = encode_kv(quant, &vx);
-            // prefix rows 0..pos0, then the chunk's rows pos0..total (as a backend would)
+            // prefix rows 0..pos0, then the chunk's rows pos0..total (as a backend would); a
+            // ring's prefix in writes of at most its length (rows of one write that share a slot
+            // would race)
             let all_pos: Vec<i32> = (0..total as i32).collect();
             let (dkx, dvx, dall) = (dev.upload(&kx)?, dev.upload(&vx)?, dev.upload(&all_pos)?);
-            for (a, b) in [(0, c.pos0), (c.pos0, total)] {
+            let step = if c.ring > 0 { c.ring } else { c.pos0.max(1) };
+            let mut spans: Vec<(usize, usize)> = (0..c.pos0)
+                .step_by(step)
+                .map(|a| (a, (a + step).min(c.pos0)))
+                .collect();
+            spans.push((c.pos0, total));
+            for (a, b) in spans {
                 if b > a {
                     let k = DevPtr::of(&dkx)
                         .slice(a * row, (b - a) * row)

@@ -1,7 +1,9 @@
 //! `kv_write` (f32 K/V rows into the paged FP8 E4M3 / F16 cache at device positions) vs the
 //! host encoding of the same rows (`crate::quant::f32_to_e4m3`, `half::f16::from_f32`): exact.
 //! Positions in shuffled order, values past the FP8 range (saturate to +-448), power-of-two
-//! scales, and two rows at positions -1 and `capacity` that must not be written anywhere.
+//! scales, and two rows at positions -1 and `capacity` that must not be written anywhere. Two
+//! shapes are rings (`KvLayout::ring_pages` below the capacity's pages): positions past the
+//! ring's size land on its pages modulo its length.
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use super::attn_decode::encode_kv;
@@ -37,22 +39,26 @@ impl KernelCheck for KvWriteCheck {
         let kvb = if quant == Quant::F16 { 2 } else { 1 };
         let mut cmp = Comparison::default();
         let mut micros = 0.0;
-        // (hkv, head_dim, capacity, rows)
-        for (ci, &(hkv, d, cap, n)) in [
-            (2, 128, 200, 37),
-            (1, 512, 70, 5),
-            (4, 64, 192, 192),
-            (2, 16, 100, 30),
-            (1, 32, 130, 66),
+        // (hkv, head_dim, capacity, rows, ring pages: 0 = every page)
+        for (ci, &(hkv, d, cap, n, ring)) in [
+            (2usize, 128usize, 200usize, 37usize, 0usize),
+            (1, 512, 70, 5, 0),
+            (4, 64, 192, 192, 0),
+            (2, 16, 100, 30, 0),
+            (1, 32, 130, 66, 0),
+            (2, 128, 700, 128, 2),
+            (1, 256, 1000, 90, 3),
         ]
         .iter()
         .enumerate()
         {
+            let pages = cap.div_ceil(64);
             let layout = KvLayout {
                 hkv,
                 head_dim: d,
                 page_size: 64,
                 capacity: cap,
+                ring_pages: if ring == 0 { pages } else { ring },
                 elem_bytes: kvb,
             };
             let row = hkv * d;
@@ -61,7 +67,11 @@ impl KernelCheck for KvWriteCheck {
             let v = uniform(&mut cx.rng, rows * row, -3.0, 3.0);
             k[0] = 1000.0; // saturates in FP8 (stored / 2 = 500 -> 448)
             k[1] = -600.0;
-            let mut order: Vec<usize> = (0..cap).collect();
+            // a ring takes positions of one ring's length past its end (distinct slots: rows
+            // that share a slot would race)
+            let first = if ring == 0 { 0 } else { cap - 64 * ring - 7 };
+            let last = if ring == 0 { cap } else { first + 64 * ring };
+            let mut order: Vec<usize> = (first..last).collect();
             order.shuffle(&mut cx.rng);
             let mut pos: Vec<i32> = order[..n].iter().map(|&p| p as i32).collect();
             pos.push(cap as i32); // past the capacity: skipped
