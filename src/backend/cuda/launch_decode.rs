@@ -529,8 +529,9 @@ mod tests {
         assert!(gqa_fused_merge_fits(2, 512, 16));
         assert!(!gqa_fused_merge_fits(3, 512, 1));
         assert!(!gqa_fused_merge_fits(8, 256, 4));
-        assert!(!gqa_fused_merge_fits(usize::MAX, 512, 1)); // no overflow
-                                                            // the bound in bytes: at most 64 KB of f32 partials per (sequence, KV head)
+        // no overflow
+        assert!(!gqa_fused_merge_fits(usize::MAX, 512, 1));
+        // the bound in bytes: at most 64 KB of f32 partials per (sequence, KV head)
         assert_eq!(
             GQA_FUSED_MERGE_MAX_DIMS * GQA_FUSED_MERGE_MAX_SPLITS * 4,
             64 << 10

@@ -8,7 +8,7 @@
 //! the whole-group entry (one block per KV head and split), with its partials merged both ways:
 //! by the separate `__gqa_merge` launch and inside `__gqa` by the last block (forced at every
 //! shape, so the fused merge's loop over many columns and splits runs too; Gemma 4's sliding
-//! layers, 16 x 256 over 8 KV heads with 16 splits, window or not, take it by default). The
+//! layers, 16 heads of 256 over 8 KV heads with 16 splits, window or not, take it by default). The
 //! kernel reads query positions (length - 1) from device memory. Every case runs twice, first
 //! with the int8 side-car, then without, each into a fresh NaN output, and the arrival counters
 //! must be zero after each launch (the kernel resets them: what lets one persistent buffer serve
