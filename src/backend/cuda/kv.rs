@@ -21,7 +21,8 @@ use super::buf::{DevBuf, DevPtr, Pool};
 use super::error::CudaError;
 use super::launch_attn::{AttnPrefillLaunch, KvLayout};
 use super::launch_decode::{
-    decode_gqa_default, AttnDecodeLaunch, DecodeEntry, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS,
+    decode_gqa_default, AttnDecodeLaunch, DecodeEntry, GqaMerge, MAX_DECODE_BLOCK_HEADS,
+    MAX_DECODE_SPLITS,
 };
 use super::types::{GpuKvCache, KvType, Q8Ptrs};
 use super::CudaDevice;
@@ -392,6 +393,7 @@ impl CudaDevice {
                 softcap,
                 window,
                 entry: DecodeEntry::Auto,
+                gqa_merge: GqaMerge::Auto,
             };
             let part_o = pool.alloc(p.n_heads * splits * d * 4)?;
             let part_ml = pool.alloc(p.n_heads * splits * 2 * 4)?;
@@ -502,6 +504,18 @@ mod tests {
         // the whole-group entry's 64-key splits: Gemma 4's sliding layers get 16
         assert_eq!(decode_splits(32768, 8, Some(1024), GQA_MIN_SPLIT_KEYS), 16);
         assert_eq!(decode_splits(4240, 1, None, GQA_MIN_SPLIT_KEYS), MAX_SPLITS);
+        // ... so their partials (2 heads x 256 x 16) are merged inside `__gqa`; the global
+        // layers' (16 x 512 over 64 splits) by the separate `__gqa_merge` launch
+        use super::super::launch_decode::gqa_fused_merge_fits;
+        for cap in [100, 1024, 4096, 32768, 131072] {
+            let s = decode_splits(cap, 8, Some(1024), GQA_MIN_SPLIT_KEYS);
+            assert!(gqa_fused_merge_fits(2, 256, s), "{cap}: {s}");
+        }
+        assert!(!gqa_fused_merge_fits(
+            16,
+            512,
+            decode_splits(4240, 1, None, GQA_MIN_SPLIT_KEYS)
+        ));
         for cap in [1, 63, 64, 1000, 4096, 131072] {
             for hkv in [1, 2, 4, 8, 16] {
                 for w in [None, Some(1), Some(512), Some(1 << 20)] {

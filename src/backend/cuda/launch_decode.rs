@@ -49,6 +49,51 @@ pub struct AttnDecodeLaunch {
     pub window: usize,
     /// Which entry of the instance runs (the tensor-core `__mma` one where it exists by default).
     pub entry: DecodeEntry,
+    /// How the whole-group entry's split partials are merged (ignored by the other entries).
+    pub gqa_merge: GqaMerge,
+}
+
+/// How the whole-group entry (`__gqa`) merges its split partials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GqaMerge {
+    /// [`gqa_fused_merge_default`] from the launch's shape.
+    #[default]
+    Auto,
+    /// In `__gqa` itself: the last block of each (sequence, KV head) to finish merges the
+    /// group's partials (arrival counters, as the per-head entries); no second launch. Correct
+    /// at every shape, fast where [`gqa_fused_merge_fits`].
+    Fused,
+    /// A `<name>__gqa_merge` launch after `__gqa` (spread over many blocks: the large groups).
+    Separate,
+}
+
+/// Most query-head dims (group x head dim) of a fused `__gqa` merge: its 256 threads take one
+/// float4 column of the group's output each (at most).
+pub const GQA_FUSED_MERGE_MAX_DIMS: usize = 1024;
+/// Most splits (grid.x) of a fused `__gqa` merge: a thread issues the loads of 16 splits at once.
+pub const GQA_FUSED_MERGE_MAX_SPLITS: usize = 16;
+
+/// Whether the last `__gqa` block merges the group's partials itself at this shape: where they
+/// fit one load batch of the block, group x head dim <= [`GQA_FUSED_MERGE_MAX_DIMS`] and splits
+/// <= [`GQA_FUSED_MERGE_MAX_SPLITS`] (at most 64 KB of partials, every thread's loads in
+/// flight at once: one L2 round trip instead of a second launch of ~2 us). Gemma 4's sliding
+/// layers (2 x 256 over 16 splits: 32 KB) fit; its global ones (16 x 512 over up to 64 splits:
+/// 2 MB, 32 dependent round trips on one SM) keep `__gqa_merge`, which spreads them over 128
+/// blocks. From the shape only (the grid, never the live length), so one captured graph
+/// serves every position.
+pub fn gqa_fused_merge_fits(group: usize, head_dim: usize, splits: usize) -> bool {
+    group
+        .checked_mul(head_dim)
+        .is_some_and(|x| x <= GQA_FUSED_MERGE_MAX_DIMS)
+        && splits <= GQA_FUSED_MERGE_MAX_SPLITS
+}
+
+/// [`GqaMerge::Auto`]: [`gqa_fused_merge_fits`], unless `FUCINA_GQA_FUSED_MERGE=0` (read once)
+/// forces the separate merge launch.
+pub fn gqa_fused_merge_default(group: usize, head_dim: usize, splits: usize) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    gqa_fused_merge_fits(group, head_dim, splits)
+        && !*OFF.get_or_init(|| std::env::var("FUCINA_GQA_FUSED_MERGE").is_ok_and(|v| v == "0"))
 }
 
 /// The entry point of a decode-attention instance.
@@ -272,9 +317,18 @@ impl CudaDevice {
                 "caches are not whole pages of [hkv][page_size][d]".into(),
             ));
         }
+        // the whole-group entry's merge: in `__gqa` itself, or a second launch
+        let fused = entry == DecodeEntry::Gqa
+            && match p.gqa_merge {
+                GqaMerge::Auto => gqa_fused_merge_default(p.hq / p.hkv, d, p.splits),
+                GqaMerge::Fused => true,
+                GqaMerge::Separate => false,
+            };
         // static shared memory only: the dynamic limit stays 0
         let merge = match entry {
-            DecodeEntry::Gqa => Some(self.function_suffixed_smem(spec, "gqa_merge", 0)?),
+            DecodeEntry::Gqa if !fused => {
+                Some(self.function_suffixed_smem(spec, "gqa_merge", 0)?)
+            }
             _ => None,
         };
         let f = match entry {
@@ -346,10 +400,15 @@ impl CudaDevice {
             .arg(&win);
         let (xqr, xdsr) = (xq.raw(), xds.raw());
         b.arg(&xqr).arg(&xdsr);
+        let fused_merge = i32::from(fused);
+        if entry == DecodeEntry::Gqa {
+            b.arg(&fused_merge);
+        }
         // SAFETY: matches ops/attn_decode (q, k_cache, v_cache, block_table, q_pos, part_o,
         // part_ml, out, counters, hq, hkv, head_split, page_size, max_pages, min_chunk, scale,
         // k_scale, v_scale, softcap, window, xq, xds: null or [batch][hq][d] int8 and
-        // [batch][hq][d / 32] float2, checked above); sizes checked above; the kernel clamps the key
+        // [batch][hq][d / 32] float2, checked above; `__gqa` also fused_merge: i32); sizes checked
+        // above (with head_split 1 the counters are [batch][hkv]); the kernel clamps the key
         // count to max_pages * page_size and touches part_o / part_ml / counters only below
         // [batch][hq][splits] / [batch][hkv][head_split]; block table entries must be < the cache's pages
         // (the caller's contract: kv.rs passes an identity table).
@@ -415,7 +474,10 @@ impl CudaDevice {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_key_has_gqa, decode_key_has_mma};
+    use super::{
+        decode_key_has_gqa, decode_key_has_mma, gqa_fused_merge_fits, GQA_FUSED_MERGE_MAX_DIMS,
+        GQA_FUSED_MERGE_MAX_SPLITS,
+    };
     use crate::kernels::{Op, KERNELS};
 
     /// The decode-attention instances whose rendered source has the entry `<name>__<suffix>`,
@@ -445,5 +507,45 @@ mod tests {
     fn gqa_rule_matches_the_rendered_entries() {
         let with = rendered_entries("gqa", decode_key_has_gqa);
         assert!(with >= 8, "{with} instances with a whole-group entry");
+    }
+
+    /// The fused `__gqa` merge: Gemma 4's sliding layers (2 x 256, 16 splits: 32 KB of partials)
+    /// and the other small groups, not its global layers (16 x 512) nor more than 16 splits.
+    #[test]
+    fn fused_merge_choice_follows_the_partials_size() {
+        // Gemma 4 12B sliding layers at every capacity (1..=16 splits of a 1024-key window)
+        for splits in 1..=16 {
+            assert!(gqa_fused_merge_fits(2, 256, splits), "{splits}");
+        }
+        // Gemma 4 global layers: 16 query heads of 512 over one KV head, at any grid
+        for splits in [1, 8, 16, 64] {
+            assert!(!gqa_fused_merge_fits(16, 512, splits), "{splits}");
+        }
+        // Gemma 3's full-attention layers (2 x 256) over a long cache: 64 splits
+        assert!(!gqa_fused_merge_fits(2, 256, 64));
+        assert!(!gqa_fused_merge_fits(2, 256, 17));
+        // the edges: a full column per thread, one batch of 16 loads
+        assert!(gqa_fused_merge_fits(4, 256, 16));
+        assert!(gqa_fused_merge_fits(2, 512, 16));
+        assert!(!gqa_fused_merge_fits(3, 512, 1));
+        assert!(!gqa_fused_merge_fits(8, 256, 4));
+        // no overflow
+        assert!(!gqa_fused_merge_fits(usize::MAX, 512, 1));
+        // the bound in bytes: at most 64 KB of f32 partials per (sequence, KV head)
+        assert_eq!(
+            GQA_FUSED_MERGE_MAX_DIMS * GQA_FUSED_MERGE_MAX_SPLITS * 4,
+            64 << 10
+        );
+        for g in 1..=16 {
+            for d in [256, 512] {
+                for splits in 1..=64 {
+                    let fits = gqa_fused_merge_fits(g, d, splits);
+                    assert_eq!(fits, g * d <= 1024 && splits <= 16, "{g} x {d}, {splits}");
+                    if fits {
+                        assert!(g * d * splits * 4 <= 64 << 10);
+                    }
+                }
+            }
+        }
     }
 }

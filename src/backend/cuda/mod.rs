@@ -40,8 +40,9 @@ pub use kv::{GQA_MIN_SPLIT_KEYS, MIN_SPLIT_KEYS};
 pub use launch::{GluShape, RopeLaunch};
 pub use launch_attn::{AttnPrefillLaunch, KvLayout};
 pub use launch_decode::{
-    decode_gqa_default, decode_has_mma, decode_key_has_gqa, decode_key_has_mma, AttnDecodeLaunch,
-    AttnScratch, DecodeEntry, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS,
+    decode_gqa_default, decode_has_mma, decode_key_has_gqa, decode_key_has_mma,
+    gqa_fused_merge_default, gqa_fused_merge_fits, AttnDecodeLaunch, AttnScratch, DecodeEntry,
+    GqaMerge, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS,
 };
 pub use launch_fused::{
     norm_add_chunks, AttnPrepBufs, AttnPrepLaunch, NormAddWeights, ATTN_PREP_MAX_HEAD_DIM,

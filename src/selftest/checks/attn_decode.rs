@@ -5,15 +5,20 @@
 //! more splits than a warp has lanes), sliding windows, softcap, grids much larger than the live
 //! chunks (blocks past them exit), groups split over several blocks per KV head (as the backend
 //! picks: Gemma 4's 16 x 512 over 1 KV head -> 8; forced 4 at head dim 16), and at head dim 512
-//! the whole-group entry (one block per KV head and split). The kernel reads
-//! query positions (length - 1) from device memory. Every case runs twice and the arrival counters must be zero after each launch (the
-//! kernel resets them: what lets one persistent buffer serve every graph replay).
+//! the whole-group entry (one block per KV head and split), with its partials merged both ways:
+//! by the separate `__gqa_merge` launch and inside `__gqa` by the last block (forced at every
+//! shape, so the fused merge's loop over many columns and splits runs too; Gemma 4's sliding
+//! layers, 16 heads of 256 over 8 KV heads with 16 splits, window or not, take it by default). The
+//! kernel reads query positions (length - 1) from device memory. Every case runs twice, first
+//! with the int8 side-car, then without, each into a fresh NaN output, and the arrival counters
+//! must be zero after each launch (the kernel resets them: what lets one persistent buffer serve
+//! every graph replay).
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::kv::{decode_head_split, decode_launch_head_split};
 use crate::backend::cuda::{
     decode_gqa_default, decode_has_mma, decode_key_has_gqa, decode_key_has_mma, AttnDecodeLaunch,
-    CudaError, DecodeEntry, DevPtr, GQA_MIN_SPLIT_KEYS, MIN_SPLIT_KEYS,
+    CudaError, DecodeEntry, DevPtr, GqaMerge, GQA_MIN_SPLIT_KEYS, MIN_SPLIT_KEYS,
 };
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::attention_ref::{attention_decode, DecodeAttn};
@@ -76,6 +81,10 @@ fn cases(d: usize) -> Vec<Case> {
         256 => vec![
             c(16, 8, &[1500, 700], 1024, 50.0, 6),
             c(8, 1, &[513], 0, 0.0, 16),
+            // Gemma 4's sliding layers (group 2, window 1024, 16 splits of 64 keys: the fused
+            // merge by default): a full window of 16 live chunks and 5 of them; then no window
+            c(16, 8, &[1100, 300], 1024, 0.0, 16),
+            c(16, 8, &[700, 65], 0, 0.0, 16),
         ],
         // Gemma 4's global layers at depth 4096 first (the timed case): 16 heads over 1, 64 splits
         _ => vec![
@@ -166,6 +175,7 @@ impl KernelCheck for AttnDecodeCheck {
                 softcap: c.softcap,
                 window: c.window,
                 entry: DecodeEntry::Scalar,
+                gqa_merge: GqaMerge::Auto,
             };
             let mut want = Vec::new();
             for (s, &len) in c.lens.iter().enumerate() {
@@ -209,16 +219,18 @@ impl KernelCheck for AttnDecodeCheck {
             // (and is the largest: the counters are sized for it); the whole-group entry takes
             // 1, Auto what the backend passes.
             let case_split = p.head_split;
-            let mut entries = vec![DecodeEntry::Scalar];
+            let mut entries = vec![(DecodeEntry::Scalar, GqaMerge::Auto)];
             if decode_has_mma(spec) {
-                entries.push(DecodeEntry::Mma);
+                entries.push((DecodeEntry::Mma, GqaMerge::Auto));
             }
             if decode_key_has_gqa(&spec.key) {
-                entries.push(DecodeEntry::Gqa);
+                entries.push((DecodeEntry::Gqa, GqaMerge::Separate));
+                entries.push((DecodeEntry::Gqa, GqaMerge::Fused));
             }
-            entries.push(DecodeEntry::Auto);
-            for entry in entries {
+            entries.push((DecodeEntry::Auto, GqaMerge::Auto));
+            for (entry, merge) in entries {
                 p.entry = entry;
+                p.gqa_merge = merge;
                 p.head_split = match entry {
                     DecodeEntry::Gqa => 1,
                     DecodeEntry::Auto if c.head_split == 0 => {
@@ -237,22 +249,7 @@ impl KernelCheck for AttnDecodeCheck {
                     MIN_SPLIT_KEYS
                 };
                 let p = &p;
-                // a fresh NaN output per entry: no entry passes on another's results
-                let out = dev.filled_f32(b * c.hq * d, f32::NAN)?;
-                // and a fresh side-car (head dims of whole 128s: what the backend asks for)
-                let side = if d % 128 == 0 {
-                    let n = b * c.hq * d;
-                    Some((
-                        dev.upload(&vec![0x55i8; n])?,
-                        dev.filled_f32(n / 16, f32::NAN)?,
-                    ))
-                } else {
-                    None
-                };
-                let q8 = side
-                    .as_ref()
-                    .map(|(xq, xds)| (DevPtr::of(xq), DevPtr::of(xds)));
-                let launch = || {
+                let launch = |out: &DevPtr<f32>, q8| {
                     dev.attn_decode(
                         spec,
                         p,
@@ -263,17 +260,40 @@ impl KernelCheck for AttnDecodeCheck {
                         DevPtr::of(&dl),
                         DevPtr::of(&scratch.part_o),
                         DevPtr::of(&scratch.part_ml),
-                        DevPtr::of(&out),
+                        *out,
                         q8,
                         DevPtr::of(&scratch.counters),
                     )
                 };
                 let zeros = vec![0f32; scratch.counters.len()];
-                for _ in 0..2 {
-                    launch()?;
+                // twice on the same counters: with the side-car (head dims of whole 128s: what
+                // the backend asks for), then without
+                for with_side in [true, false] {
+                    // a fresh NaN output per run: no run passes on another's results
+                    let out = dev.filled_f32(b * c.hq * d, f32::NAN)?;
+                    // and a fresh side-car
+                    let side = if with_side && d % 128 == 0 {
+                        let n = b * c.hq * d;
+                        Some((
+                            dev.upload(&vec![0x55i8; n])?,
+                            dev.filled_f32(n / 16, f32::NAN)?,
+                        ))
+                    } else {
+                        None
+                    };
+                    let q8 = side
+                        .as_ref()
+                        .map(|(xq, xds)| (DevPtr::of(xq), DevPtr::of(xds)));
+                    launch(&DevPtr::of(&out), q8)?;
                     let got = cx.dev.download(&out)?;
                     if let Some((xq, xds)) = &side {
-                        side_car_exact(&got, &dev.download(xq)?, &dev.download(xds)?, entry)?;
+                        side_car_exact(
+                            &got,
+                            &dev.download(xq)?,
+                            &dev.download(xds)?,
+                            entry,
+                            merge,
+                        )?;
                     }
                     cmp = cmp.merge(Comparison::new(&got, &want));
                     let counters: Vec<f32> = cx
@@ -283,10 +303,10 @@ impl KernelCheck for AttnDecodeCheck {
                         .map(|&v| v as f32)
                         .collect();
                     cmp = cmp.merge(Comparison::new(&counters, &zeros));
-                }
-                if ci == 0 && entry == DecodeEntry::Auto {
-                    micros = time_us(dev, cx.iters, launch)?;
-                    cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
+                    if ci == 0 && entry == DecodeEntry::Auto && with_side {
+                        micros = time_us(dev, cx.iters, || launch(&DevPtr::of(&out), q8))?;
+                        cmp = cmp.merge(Comparison::new(&cx.dev.download(&out)?, &want));
+                    }
                 }
             }
         }
@@ -296,10 +316,16 @@ impl KernelCheck for AttnDecodeCheck {
 
 /// The int8 side-car an entry wrote must be, byte for byte, what `quantize_q8` makes of the
 /// output it wrote (`ops::qdot::quantize_q8_1`, which is bit-identical to that kernel).
-fn side_car_exact(out: &[f32], q: &[i8], ds: &[f32], entry: DecodeEntry) -> Result<(), CudaError> {
+fn side_car_exact(
+    out: &[f32],
+    q: &[i8],
+    ds: &[f32],
+    entry: DecodeEntry,
+    merge: GqaMerge,
+) -> Result<(), CudaError> {
     let bad = |detail: String| CudaError::Invalid {
         op: "selftest attn_decode side-car",
-        detail: format!("{entry:?}: {detail}"),
+        detail: format!("{entry:?} (gqa merge {merge:?}): {detail}"),
     };
     let want = quantize_q8_1(out).map_err(|e| bad(e.to_string()))?;
     if let Some(i) = (0..out.len()).find(|&i| q[i] != want.qs[i]) {
