@@ -393,24 +393,6 @@ pub trait Backend: Send + Sync + 'static {
             }
         }
     }
-    /// [`Backend::norm_add_rms_norm`], then [`Backend::linear`] of the normed rows by `wt`:
-    /// returns `(s, linear(rms_norm(s, w), wt))`, the normed rows themselves not kept (a backend
-    /// may run the norms inside the product's kernel: one decode launch instead of two).
-    /// Default: the two ops.
-    #[allow(clippy::too_many_arguments)]
-    fn norm_add_linear(
-        &self,
-        h: &Self::Tensor,
-        y: &Self::Tensor,
-        post: &PostNorm<'_, Self::Tensor>,
-        w: Norm<'_, Self::Tensor>,
-        eps: f32,
-        dim: usize,
-        wt: &Self::Weight,
-    ) -> Result<(Self::Tensor, Self::Tensor)> {
-        let (s, n) = self.norm_add_rms_norm(h, y, post, w, eps, dim)?;
-        Ok((s, self.linear(&n, wt)?))
-    }
     /// L2-normalise groups of `dim` columns: x / sqrt(sum(x^2) + eps).
     fn l2_norm(&self, x: &Self::Tensor, eps: f32, dim: usize) -> Result<Self::Tensor>;
     /// Rotate `n_heads` heads of each row; row i is at position `pos0 + i`.

@@ -6,7 +6,6 @@
 
 mod backend_fused;
 mod backend_moe;
-mod backend_norm_linear;
 mod backend_ops;
 mod backend_prefill;
 mod check;

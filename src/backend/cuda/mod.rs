@@ -18,7 +18,6 @@ pub mod launch_attn;
 mod launch_decode;
 mod launch_fused;
 mod launch_gemm;
-pub mod launch_gemv_norm;
 mod launch_linear;
 mod launch_moe;
 pub mod launch_moe_fused;

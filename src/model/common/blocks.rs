@@ -3,7 +3,7 @@
 //! attention layer (q/k norms, partial RoPE, optional per-head output gate).
 
 use crate::backend::{
-    can_concat, Activation, AttnParams, AttnPrep, Backend, MoeParams, Norm, PostNorm, Rope,
+    can_concat, Activation, AttnParams, AttnPrep, Backend, MoeParams, Norm, Rope,
 };
 use crate::bk;
 use crate::model::ModelError;
@@ -47,77 +47,6 @@ impl<B: Backend> NormW<B> {
     }
 }
 
-/// A block's input: rows already normed, or the residual add `s = (h + post(y)) * scale` and
-/// `norm(s)` still to run ([`Backend::norm_add_rms_norm`]), which the backend may run inside the
-/// block's first projection ([`Backend::norm_add_linear`]). Each use returns `s` when it ran
-/// the add.
-pub enum BlockIn<'a, B: Backend> {
-    Normed(&'a B::Tensor),
-    AddNorm {
-        h: &'a B::Tensor,
-        y: &'a B::Tensor,
-        post: PostNorm<'a, B::Tensor>,
-        norm: Norm<'a, B::Tensor>,
-        eps: f32,
-        dim: usize,
-    },
-}
-
-impl<'a, B: Backend> BlockIn<'a, B> {
-    /// `h + y` and `norm`'s norm of the sum (no post norm, no scale).
-    pub fn add_norm(h: &'a B::Tensor, y: &'a B::Tensor, norm: &'a NormW<B>) -> Self {
-        BlockIn::AddNorm {
-            h,
-            y,
-            post: PostNorm {
-                norm: None,
-                scale: None,
-            },
-            norm: norm.norm(),
-            eps: norm.eps,
-            dim: norm.dim,
-        }
-    }
-    /// `w` applied to the normed rows, and the sum.
-    pub fn linear(self, be: &B, w: &B::Weight) -> R<(Option<B::Tensor>, B::Tensor)> {
-        match self {
-            BlockIn::Normed(x) => Ok((None, bk!(be.linear(x, w))?)),
-            BlockIn::AddNorm {
-                h,
-                y,
-                post,
-                norm,
-                eps,
-                dim,
-            } => {
-                let (s, o) = bk!(be.norm_add_linear(h, y, &post, norm, eps, dim, w))?;
-                Ok((Some(s), o))
-            }
-        }
-    }
-    /// `f` of the normed rows, and the sum.
-    pub fn with_normed<T>(
-        self,
-        be: &B,
-        f: impl FnOnce(&B::Tensor) -> R<T>,
-    ) -> R<(Option<B::Tensor>, T)> {
-        match self {
-            BlockIn::Normed(x) => Ok((None, f(x)?)),
-            BlockIn::AddNorm {
-                h,
-                y,
-                post,
-                norm,
-                eps,
-                dim,
-            } => {
-                let (s, x) = bk!(be.norm_add_rms_norm(h, y, &post, norm, eps, dim))?;
-                Ok((Some(s), f(&x)?))
-            }
-        }
-    }
-}
-
 /// The gate and up projections of a gated MLP: one fused `[2 ff, in]` weight when the
 /// checkpoint stores both in one GGML format (one GEMV / GEMM and one pass over the activations
 /// instead of two), else the two weights.
@@ -142,26 +71,16 @@ impl<B: Backend> GateUp<B> {
 
     /// act(gate x) * up x.
     pub fn forward(&self, be: &B, x: &B::Tensor, act: Activation) -> R<B::Tensor> {
-        Ok(self.forward_in(be, BlockIn::Normed(x), act)?.1)
-    }
-
-    /// [`Self::forward`] of `input`, and the sum its add made.
-    pub fn forward_in(
-        &self,
-        be: &B,
-        input: BlockIn<'_, B>,
-        act: Activation,
-    ) -> R<(Option<B::Tensor>, B::Tensor)> {
         match self {
             GateUp::Fused(w) => {
-                let (s, y) = input.linear(be, w)?;
-                Ok((s, bk!(be.glu_fused(&y, act))?))
+                let y = bk!(be.linear(x, w))?;
+                bk!(be.glu_fused(&y, act))
             }
-            GateUp::Split { gate, up } => input.with_normed(be, |x| {
+            GateUp::Split { gate, up } => {
                 let g = bk!(be.linear(x, gate))?;
                 let u = bk!(be.linear(x, up))?;
                 bk!(be.glu(&g, &u, act))
-            }),
+            }
         }
     }
 }
@@ -177,12 +96,6 @@ impl<B: Backend> Dense<B> {
     pub fn forward(&self, be: &B, x: &B::Tensor) -> R<B::Tensor> {
         let h = self.gate_up.forward(be, x, self.act)?;
         bk!(be.linear(&h, &self.down))
-    }
-
-    /// [`Self::forward`] of `input`, and the sum its add made.
-    pub fn forward_in(&self, be: &B, input: BlockIn<'_, B>) -> R<(Option<B::Tensor>, B::Tensor)> {
-        let (s, h) = self.gate_up.forward_in(be, input, self.act)?;
-        Ok((s, bk!(be.linear(&h, &self.down))?))
     }
 }
 
@@ -213,32 +126,22 @@ impl<B: Backend> Qkv<B> {
         })
     }
 
-    /// (q, k, v) projections of `input`, and the sum its add made.
-    #[allow(clippy::type_complexity)]
-    pub fn forward_in(
-        &self,
-        be: &B,
-        input: BlockIn<'_, B>,
-    ) -> R<(Option<B::Tensor>, (B::Tensor, B::Tensor, B::Tensor))> {
+    /// (q, k, v) projections of `x`.
+    pub fn forward(&self, be: &B, x: &B::Tensor) -> R<(B::Tensor, B::Tensor, B::Tensor)> {
         match self {
             Qkv::Fused(w, [nq, nk, nv]) => {
-                let (s, y) = input.linear(be, w)?;
+                let y = bk!(be.linear(x, w))?;
                 Ok((
-                    s,
-                    (
-                        bk!(be.slice_cols(&y, 0, *nq))?,
-                        bk!(be.slice_cols(&y, *nq, *nk))?,
-                        bk!(be.slice_cols(&y, nq + nk, *nv))?,
-                    ),
+                    bk!(be.slice_cols(&y, 0, *nq))?,
+                    bk!(be.slice_cols(&y, *nq, *nk))?,
+                    bk!(be.slice_cols(&y, nq + nk, *nv))?,
                 ))
             }
-            Qkv::Split { q, k, v } => input.with_normed(be, |x| {
-                Ok((
-                    bk!(be.linear(x, q))?,
-                    bk!(be.linear(x, k))?,
-                    bk!(be.linear(x, v))?,
-                ))
-            }),
+            Qkv::Split { q, k, v } => Ok((
+                bk!(be.linear(x, q))?,
+                bk!(be.linear(x, k))?,
+                bk!(be.linear(x, v))?,
+            )),
         }
     }
 }
@@ -333,20 +236,9 @@ impl<B: Backend> AttentionLayer<B> {
         cache: &mut B::KvCache,
         pos0: usize,
     ) -> R<B::Tensor> {
-        Ok(self.forward_in(be, BlockIn::Normed(x), cache, pos0)?.1)
-    }
-
-    /// [`Self::forward`] of `input`, and the sum its add made.
-    pub fn forward_in(
-        &self,
-        be: &B,
-        input: BlockIn<'_, B>,
-        cache: &mut B::KvCache,
-        pos0: usize,
-    ) -> R<(Option<B::Tensor>, B::Tensor)> {
         let p = &self.params;
         let hd = p.head_dim;
-        let (sum, (qf, mut k, v)) = self.qkv.forward_in(be, input)?;
+        let (qf, mut k, v) = self.qkv.forward(be, x)?;
         let (q, gate) = if self.gated {
             let mut parts = bk!(be.split_heads(&qf, p.n_heads, &[hd, hd]))?;
             let g = parts.pop();
@@ -390,6 +282,6 @@ impl<B: Backend> AttentionLayer<B> {
         if let Some(g) = gate {
             a = bk!(be.sigmoid_gate(&a, &g))?;
         }
-        Ok((sum, bk!(be.linear(&a, &self.o))?))
+        bk!(be.linear(&a, &self.o))
     }
 }

@@ -6,7 +6,7 @@ pub mod config;
 pub mod replay;
 pub mod source;
 
-pub use blocks::{AttentionLayer, BlockIn, Dense, GateUp, MoeBlock, NormW, Qkv};
+pub use blocks::{AttentionLayer, Dense, GateUp, MoeBlock, NormW, Qkv};
 pub use config::{GgufMeta, JsonConfig};
 pub use source::{expert_bank, WeightSource};
 

@@ -21,11 +21,10 @@ use std::sync::Arc;
 
 use crate::model::common::prefill_chunk;
 
-use super::layers::{GemmaWeights, Layer, Projected};
+use super::layers::{GemmaWeights, Layer};
 use super::spec::{GemmaSpec, NormForm};
 use super::weights::me;
 use crate::backend::{Activation, AttnParams, AttnPrep, Backend, Norm, PostNorm};
-use crate::model::common::BlockIn;
 use crate::model::{Logits, ModelError, ModelInfo};
 
 /// A residual add still pending: the branch output `y`, the norm it takes before the add (None:
@@ -176,48 +175,27 @@ impl<B: Backend> GemmaModel<B> {
         let be = &*self.backend;
         let ls = &self.spec.layers[i];
         let w = &self.weights.layers[i];
-        // the pending add and attn_norm may run inside the q/k/v projection
-        let Resid { x: rx, y: ry } = r;
-        let normed;
-        let input = match &ry {
-            Some(p) => self.add_norm_in(&rx, &p.y, p.post, p.scale, &w.attn_norm),
-            None => {
-                normed = self.rms(&rx, &w.attn_norm)?;
-                BlockIn::Normed(&normed)
-            }
-        };
-        let (sum, proj) = w.qkv.forward_in(be, input)?;
-        let x = sum.unwrap_or(rx);
+        let (x, h) = self.norm_resid(r, &w.attn_norm)?;
         let q = if ls.kv_source.is_none() {
             let cache = caches[i]
                 .as_mut()
                 .ok_or_else(|| ModelError::Other(format!("layer {i} has no cache")))?;
-            self.prep_projected(i, proj, pos0, cache)?
+            self.prep_qkv(i, &h, pos0, cache)?
         } else {
-            self.rope_query(i, &proj.0, pos0)?
+            self.query(i, &h, pos0)?
         };
         let src = ls.kv_source.unwrap_or(i);
         let cache = caches[src]
             .as_ref()
             .ok_or_else(|| ModelError::Other(format!("layer {src} has no cache")))?;
         let o = self.attn_out(i, &q, cache, pos0, ls.n_kv_heads)?;
-        let (x, f, post) = if w.moe.is_none() {
-            // the post-attention norm, the add and ffn_norm inside the gate/up projection
-            let input = self.add_norm_in(&x, &o, Some(&w.post_attn_norm), None, &w.ffn_norm);
-            let (sum, g) = w.mlp.gate_up.forward_in(be, input, Activation::GeluTanh)?;
-            let x = sum.ok_or_else(|| ModelError::Other("the residual add was lost".into()))?;
-            let f = be.linear(&g, &w.mlp.down).map_err(me)?;
-            (x, f, Some(&w.post_ffn_norm))
-        } else {
-            let attn = Pending {
-                y: o,
-                post: Some(&w.post_attn_norm),
-                scale: None,
-            };
-            let (x, h) = self.norm_resid(Resid { x, y: Some(attn) }, &w.ffn_norm)?;
-            let (f, post) = self.ffn_out(i, &x, &h)?;
-            (x, f, post)
+        let attn = Pending {
+            y: o,
+            post: Some(&w.post_attn_norm),
+            scale: None,
         };
+        let (x, h) = self.norm_resid(Resid { x, y: Some(attn) }, &w.ffn_norm)?;
+        let (f, post) = self.ffn_out(i, &x, &h)?;
         if w.ple.is_none() {
             return Ok(Resid {
                 x,
@@ -239,40 +217,19 @@ impl<B: Backend> GemmaModel<B> {
         })
     }
 
-    /// The residual add `(h + post(y)) * scale` and `norm`'s norm of the sum, as a block input.
-    fn add_norm_in<'t>(
-        &'t self,
-        h: &'t B::Tensor,
-        y: &'t B::Tensor,
-        post: Option<&'t B::Tensor>,
-        scale: Option<f32>,
-        norm: &'t B::Tensor,
-    ) -> BlockIn<'t, B> {
-        BlockIn::AddNorm {
-            h,
-            y,
-            post: PostNorm {
-                norm: post.map(|t| self.norm(t)),
-                scale,
-            },
-            norm: self.norm(norm),
-            eps: self.spec.eps,
-            dim: self.spec.hidden,
-        }
-    }
-
-    /// Own-KV layers: from the q, k, v projections, the q/k norms, RoPE and the cache write
+    /// Own-KV layers: the q, k, v projections of `h`, then q/k norms, RoPE and the cache write
     /// of k and v (v-normed where the model says so; V = raw K on K=V layers) as one
     /// `attn_prep`. Returns the rotated q.
-    fn prep_projected(
+    fn prep_qkv(
         &self,
         i: usize,
-        (q, k, v): Projected<B::Tensor>,
+        h: &B::Tensor,
         pos0: usize,
         cache: &mut B::KvCache,
     ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
         let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
+        let (q, k, v) = w.qkv.forward(be, h)?;
         let (Some(k), Some(kn)) = (k, &w.k_norm) else {
             return Err(ModelError::Other(format!("layer {i} has no K projection")));
         };

@@ -4,7 +4,7 @@ use super::moe::MoeBlock;
 use super::spec::GemmaSpec;
 use super::weights::{ffn_width, global_name, layer_name, me, Loader};
 use crate::backend::{can_concat, Backend};
-use crate::model::common::{BlockIn, GateUp};
+use crate::model::common::GateUp;
 use crate::model::ModelError;
 
 /// Dense GeGLU MLP.
@@ -116,35 +116,22 @@ impl<B: Backend> QkvProj<B> {
 
     /// The projections of `h` (`[n, hidden]`).
     pub fn forward(&self, be: &B, h: &B::Tensor) -> Result<Projected<B::Tensor>, ModelError> {
-        Ok(self.forward_in(be, BlockIn::Normed(h))?.1)
-    }
-
-    /// The projections of `input`, and the sum its add made.
-    #[allow(clippy::type_complexity)]
-    pub fn forward_in(
-        &self,
-        be: &B,
-        input: BlockIn<'_, B>,
-    ) -> Result<(Option<B::Tensor>, Projected<B::Tensor>), ModelError> {
         match self {
-            QkvProj::Split { q, k, v } => input.with_normed(be, |h| {
+            QkvProj::Split { q, k, v } => {
                 let lin = |w: &B::Weight| be.linear(h, w).map_err(me);
                 Ok((
                     lin(q)?,
                     k.as_ref().map(lin).transpose()?,
                     v.as_ref().map(lin).transpose()?,
                 ))
-            }),
+            }
             QkvProj::Fused { w, q, k, v } => {
-                let (s, y) = input.linear(be, w)?;
+                let y = be.linear(h, w).map_err(me)?;
                 let part = |at: usize, n: usize| be.slice_cols(&y, at, n).map_err(me);
                 Ok((
-                    s,
-                    (
-                        part(0, *q)?,
-                        Some(part(*q, *k)?),
-                        if *v > 0 { Some(part(q + k, *v)?) } else { None },
-                    ),
+                    part(0, *q)?,
+                    Some(part(*q, *k)?),
+                    if *v > 0 { Some(part(q + k, *v)?) } else { None },
                 ))
             }
         }

@@ -10,7 +10,7 @@ use crate::model::common::prefill_chunk;
 use crate::model::common::replay::StepReplay;
 use crate::model::common::source::BankSource;
 use crate::model::common::{
-    expert_bank, AttentionLayer, BlockIn, Dense, GateUp, MoeBlock, NormW, Qkv, WeightSource,
+    expert_bank, AttentionLayer, Dense, GateUp, MoeBlock, NormW, Qkv, WeightSource,
 };
 use crate::model::registry::LoadOptions;
 use crate::model::{
@@ -425,30 +425,23 @@ impl<B: Backend> QwenSession<B> {
         // post-attention norm, the next layer's input norm, the final norm).
         let mut pending: Option<B::Tensor> = None;
         for (layer, st) in m.layers.iter().zip(states.iter_mut()) {
-            // the add and norm before the mixer may run inside its first projection
-            let pend = pending.take();
-            let normed;
-            let input = match &pend {
-                None => {
-                    normed = layer.attn_norm.apply(be, &h)?;
-                    BlockIn::Normed(&normed)
+            let x = match pending.take() {
+                None => layer.attn_norm.apply(be, &h)?,
+                Some(y) => {
+                    let (s, x) = layer.attn_norm.add_apply(be, &h, &y)?;
+                    h = s;
+                    x
                 }
-                Some(y) => BlockIn::add_norm(&h, y, &layer.attn_norm),
             };
-            let (sum, y) = match (&layer.mixer, st) {
-                (MixerW::Attn(a), LayerState::Kv(c)) => a.forward_in(be, input, c, pos0)?,
-                (MixerW::Gdn(g), LayerState::Gdn(s)) => {
-                    input.with_normed(be, |x| g.forward(be, x, s))?
-                }
+            let y = match (&layer.mixer, st) {
+                (MixerW::Attn(a), LayerState::Kv(c)) => a.forward(be, &x, c, pos0)?,
+                (MixerW::Gdn(g), LayerState::Gdn(s)) => g.forward(be, &x, s)?,
                 _ => {
                     return Err(ModelError::Other(
                         "layer state does not match its mixer".into(),
                     ))
                 }
             };
-            if let Some(s) = sum {
-                h = s;
-            }
             // a MoE block may take the residual add and its norm into its router (one launch)
             if let Ffn::Moe(moe) = &layer.ffn {
                 if let Some((s, out)) = moe.add_norm_forward(be, &layer.post_norm, &h, &y)? {
@@ -457,13 +450,12 @@ impl<B: Backend> QwenSession<B> {
                     continue;
                 }
             }
-            let input = BlockIn::add_norm(&h, &y, &layer.post_norm);
-            let (sum, out) = match &layer.ffn {
-                Ffn::Dense(d) => d.forward_in(be, input)?,
-                Ffn::Moe(moe) => input.with_normed(be, |x| moe.forward(be, x))?,
-            };
-            h = sum.ok_or_else(|| ModelError::Other("the residual add was lost".into()))?;
-            pending = Some(out);
+            let (s, x) = layer.post_norm.add_apply(be, &h, &y)?;
+            h = s;
+            pending = Some(match &layer.ffn {
+                Ffn::Dense(d) => d.forward(be, &x)?,
+                Ffn::Moe(moe) => moe.forward(be, &x)?,
+            });
         }
         // only the last row reaches the head unless every row's logits are asked for (rows are
         // independent here: slicing h and y first equals slicing their sum)

@@ -14,7 +14,6 @@ mod fused;
 mod linear;
 mod linear_pipe;
 mod moe;
-mod norm_linear;
 mod step;
 mod weights;
 
@@ -426,19 +425,6 @@ impl Backend for CudaBackend {
         dim: usize,
     ) -> Result<(GpuTensor, GpuTensor)> {
         self.norm_add_rms_norm_impl(h, y, post, w, eps, dim)
-    }
-
-    fn norm_add_linear(
-        &self,
-        h: &GpuTensor,
-        y: &GpuTensor,
-        post: &PostNorm<'_, GpuTensor>,
-        w: Norm<'_, GpuTensor>,
-        eps: f32,
-        dim: usize,
-        wt: &GpuWeight,
-    ) -> Result<(GpuTensor, GpuTensor)> {
-        self.norm_add_linear_impl(h, y, post, w, eps, dim, wt)
     }
 
     fn attn_prep(
