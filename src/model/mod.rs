@@ -185,6 +185,19 @@ impl<B: Backend> BackendSampler<B> {
         Ok(Self { backend, state })
     }
 
+    /// [`Self::new`] as the boxed sampler a session hands out ([`Session::sampler`]).
+    pub fn boxed(
+        backend: &Arc<B>,
+        params: &SamplingParams,
+        prompt: &[u32],
+        vocab: usize,
+    ) -> Result<Box<dyn TokenSampler>, ModelError>
+    where
+        B: 'static,
+    {
+        Ok(Box::new(Self::new(backend.clone(), params, prompt, vocab)?))
+    }
+
     /// The backend's sampler state (what a pipelined step draws with).
     pub fn state_mut(&mut self) -> &mut B::SamplerState {
         &mut self.state

@@ -10,9 +10,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::models::{compare_greedy, golden_root, greedy_verdict, Bounds, ModelRow};
+use super::synth_models::session_greedy;
 use crate::arch::{self, Arch};
 use crate::backend::Backend;
-use crate::engine::SamplingParams;
 use crate::model::gemma::GemmaModel;
 use crate::model::registry::LoadOptions;
 use crate::model::{CausalLm, ModelError};
@@ -114,29 +114,6 @@ fn ring_row<T: Backend, R: Backend>(
             rewind.0
         ),
     })
-}
-
-/// `steps` greedy tokens after `prompt` drawn by the session's own sampler.
-fn session_greedy(m: &Arc<dyn CausalLm>, prompt: &[u32], steps: usize) -> Result<Vec<u32>, String> {
-    let mut s = m.clone().new_session();
-    let greedy = SamplingParams {
-        temperature: 0.0,
-        ..Default::default()
-    };
-    let mut sampler = s
-        .sampler(&greedy, prompt, m.info().vocab_size)
-        .map_err(|e| e.to_string())?;
-    let mut out = vec![s
-        .forward_sample(prompt, sampler.as_mut(), &[])
-        .map_err(|e| format!("session prefill: {e}"))?];
-    while out.len() < steps {
-        let t = out[out.len() - 1];
-        out.push(
-            s.forward_sample(&[t], sampler.as_mut(), &[])
-                .map_err(|e| format!("session decode at {}: {e}", s.len()))?,
-        );
-    }
-    Ok(out)
 }
 
 /// Prefill `prompt`, rewind 20 tokens and prefill them again: the relative error of the last

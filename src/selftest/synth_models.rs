@@ -109,7 +109,11 @@ fn check_one<T: Backend, R: Backend>(
 }
 
 /// `steps` greedy tokens after `prompt` drawn by the session's sampler (`forward_sample`).
-fn session_greedy(m: &Arc<dyn CausalLm>, prompt: &[u32], steps: usize) -> Result<Vec<u32>, String> {
+pub(super) fn session_greedy(
+    m: &Arc<dyn CausalLm>,
+    prompt: &[u32],
+    steps: usize,
+) -> Result<Vec<u32>, String> {
     let mut s = m.clone().new_session();
     let greedy = SamplingParams {
         temperature: 0.0,

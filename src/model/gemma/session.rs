@@ -321,12 +321,7 @@ impl<B: Backend> Session for GemmaSession<B> {
         prompt: &[u32],
         vocab: usize,
     ) -> Result<Box<dyn TokenSampler>, ModelError> {
-        Ok(Box::new(BackendSampler::new(
-            self.model.backend.clone(),
-            params,
-            prompt,
-            vocab,
-        )?))
+        BackendSampler::boxed(&self.model.backend, params, prompt, vocab)
     }
 
     fn forward_sample(

@@ -568,12 +568,7 @@ impl<B: Backend> Session for QwenSession<B> {
         prompt: &[u32],
         vocab: usize,
     ) -> R<Box<dyn TokenSampler>> {
-        Ok(Box::new(BackendSampler::new(
-            self.model.be.clone(),
-            params,
-            prompt,
-            vocab,
-        )?))
+        BackendSampler::boxed(&self.model.be, params, prompt, vocab)
     }
 
     fn forward_sample(
