@@ -7,7 +7,7 @@ use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
 use super::error::{drv, CudaError};
-use super::launch_ptr::Kern;
+use super::launch_ptr::{expect, Kern};
 use super::CudaDevice;
 use crate::kernels::{KernelSpec, Op, Quant};
 
@@ -347,6 +347,132 @@ impl CudaDevice {
         // SAFETY: matches (const uint4* p, long long n16, u32* sink); sink holds grid*256 words.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())
+    }
+}
+
+impl CudaDevice {
+    /// `y[b][r] = sum_j W[r][j] x[b][j]` for `b < batch` of the instance; float weights read
+    /// `x` (f32 `[batch][k]`), block formats `xq`/`xds` (from [`Self::quantize_q8_ptr`] of x).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_ptr(
+        &self,
+        kn: &Kern,
+        w: DevPtr<u8>,
+        x: DevPtr<f32>,
+        xq: DevPtr<i8>,
+        xds: DevPtr<f32>,
+        y: DevPtr<f32>,
+        (n, k): (usize, usize),
+        sms: u32,
+    ) -> Result<(), CudaError> {
+        self.gemv_entry_ptr(kn, w, x, xq, xds, y, (n, k), sms, GemvEntry::Auto)
+    }
+
+    /// [`Self::gemv_ptr`] through the entry and grid `entry` names.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_entry_ptr(
+        &self,
+        kn: &Kern,
+        w: DevPtr<u8>,
+        x: DevPtr<f32>,
+        xq: DevPtr<i8>,
+        xds: DevPtr<f32>,
+        y: DevPtr<f32>,
+        (n, k): (usize, usize),
+        sms: u32,
+        entry: GemvEntry,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "gemv";
+        expect(kn, &[Op::Gemv], OP)?;
+        let q = kn.spec.key.quant;
+        let (be, bb) = weight_block(q).ok_or_else(|| invalid(OP, format!("{q} unsupported")))?;
+        let batch = kn.spec.key.batch.value().unwrap_or(1) as usize;
+        let block_fmt = be > 1;
+        if n == 0 || k == 0 || k % be != 0 || (block_fmt && k % 32 != 0) {
+            return Err(invalid(OP, format!("n={n} k={k} for {q}")));
+        }
+        if let Some((_, split)) = crate::quant::repack::source_of(q) {
+            if !split.fits(k) || w.raw() % 16 != 0 {
+                return Err(invalid(
+                    OP,
+                    format!("{q} needs rows of whole 256-element groups and 16-byte aligned weights (k={k})"),
+                ));
+            }
+        }
+        if w.len() < n * (k / be) * bb || y.len() < batch * n {
+            return Err(invalid(
+                OP,
+                format!(
+                    "w {} bytes / y {} for n={n} k={k} batch={batch}",
+                    w.len(),
+                    y.len()
+                ),
+            ));
+        }
+        if block_fmt && (xq.len() < batch * k || xds.len() < batch * k / 16) {
+            return Err(invalid(
+                OP,
+                format!("activations hold {} values, need {}", xq.len(), batch * k),
+            ));
+        }
+        if !block_fmt && x.len() < batch * k {
+            return Err(invalid(
+                OP,
+                format!("x holds {} values, need {}", x.len(), batch * k),
+            ));
+        }
+        let (wp, xp, qp, dp, yp) = (w.raw(), x.raw(), xq.raw(), xds.raw(), y.raw());
+        let (n32, k32) = (int(OP, "n", n)?, int(OP, "k", k)?);
+        // (const u8* w, const float* x, const i8* xq, const float2* xds, float* y, int n, int k),
+        // 128 threads; the `__s2` entry takes the same arguments and its dynamic shared memory
+        let entry = match entry {
+            GemvEntry::Auto if gemv_use_s2(kn.spec, k) => GemvEntry::S2(None),
+            GemvEntry::Auto => GemvEntry::Main(None),
+            e => e,
+        };
+        let grid = match entry {
+            GemvEntry::S2(grid) => {
+                let smem = gemv_s2_smem(kn.spec)
+                    .ok_or_else(|| invalid(OP, format!("{} has no __s2 entry", kn.spec.name)))?;
+                let s2 = Kern {
+                    spec: kn.spec,
+                    f: self.function_suffixed_smem(kn.spec, "s2", smem)?,
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        grid.unwrap_or_else(|| gemv_s2_grid(kn.spec, n, sms, smem))
+                            .max(1),
+                        1,
+                        1,
+                    ),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: smem as u32,
+                };
+                return self.go(&s2, cfg, &[&wp, &xp, &qp, &dp, &yp, &n32, &k32]);
+            }
+            GemvEntry::Main(grid) => grid,
+            GemvEntry::Auto => None,
+        };
+        // a main entry over 48 KB of chunk buffers takes them as dynamic shared memory
+        let smem = gemv_main_smem(kn.spec);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                grid.unwrap_or_else(|| gemv_default_grid(kn.spec, n, sms))
+                    .max(1),
+                1,
+                1,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem.unwrap_or(0) as u32,
+        };
+        if let Some(smem) = smem {
+            let main = Kern {
+                spec: kn.spec,
+                f: self.function_smem(kn.spec, smem)?,
+            };
+            return self.go(&main, cfg, &[&wp, &xp, &qp, &dp, &yp, &n32, &k32]);
+        }
+        self.go(kn, cfg, &[&wp, &xp, &qp, &dp, &yp, &n32, &k32])
     }
 }
 
