@@ -179,6 +179,11 @@ impl CudaDevice {
                 "captured step: kernel edges made programmatic (PDL)"
             );
         }
+        if super::graph_ablate::dump_requested() {
+            // SAFETY: the graph is ours and not instantiated yet.
+            let d = unsafe { super::graph_ablate::describe(graph)? };
+            eprintln!("FUCINA_GRAPH_DUMP: captured step: {d}");
+        }
         // SAFETY: valid graph; `exec` receives the executable, destroyed by StepGraph's Drop
         // (a failed instantiation leaves it null, which Drop tolerates).
         unsafe {

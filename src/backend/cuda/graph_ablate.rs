@@ -9,6 +9,9 @@
 //! - `FUCINA_REPLAY_REPEAT=N`: every replay launches the step N times (the extra launches
 //!   recompute the same token at the same position). The per-token time at N = 1 and N = 2
 //!   separates the step's device time from the host's time between steps.
+//! - `FUCINA_GRAPH_DUMP=1`: the captured step's make-up is logged once it is final (nodes by
+//!   type, edges by dependency type, and every node that waits on a full, non-programmatic
+//!   edge), to see what breaks the programmatic chain.
 
 use std::ffi::CStr;
 
@@ -144,6 +147,92 @@ pub unsafe fn remove_kernels(g: sys::CUgraph, patterns: &[String]) -> Result<usi
         "FUCINA_GRAPH_SKIP: kernels removed from the recorded step (profiling only: wrong values)"
     );
     Ok(removed)
+}
+
+/// Whether `FUCINA_GRAPH_DUMP` asks for [`describe`] of every captured step.
+pub fn dump_requested() -> bool {
+    std::env::var("FUCINA_GRAPH_DUMP").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Short name of a node: its kernel's function name, else its node type.
+///
+/// # Safety
+/// As [`kernel_name`].
+unsafe fn node_label(node: sys::CUgraphNode) -> String {
+    if let Some(k) = kernel_name(node) {
+        return k;
+    }
+    let mut t = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+    sys::cuGraphNodeGetType(node, &mut t);
+    format!("{t:?}")
+}
+
+/// The make-up of `g`: node counts by type, edge counts by dependency type, and the nodes
+/// entered through a full (non-programmatic) edge, in capture order, with their predecessor.
+///
+/// # Safety
+/// `g` must be a valid graph, not executed concurrently.
+pub unsafe fn describe(g: sys::CUgraph) -> Result<String, CudaError> {
+    use std::collections::BTreeMap;
+    let mut n = 0usize;
+    check(
+        sys::cuGraphGetNodes(g, std::ptr::null_mut(), &mut n),
+        "counting graph nodes",
+    )?;
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    check(
+        sys::cuGraphGetNodes(g, nodes.as_mut_ptr(), &mut n),
+        "reading graph nodes",
+    )?;
+    nodes.truncate(n);
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    let mut full = Vec::new();
+    let (mut prog, mut other) = (0usize, 0usize);
+    for &node in &nodes {
+        let mut t = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        sys::cuGraphNodeGetType(node, &mut t);
+        *kinds.entry(format!("{t:?}")).or_default() += 1;
+        let mut m = 0usize;
+        check(
+            sys::cuGraphNodeGetDependencies_v2(
+                node,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut m,
+            ),
+            "counting a node's edges",
+        )?;
+        let mut deps = vec![std::ptr::null_mut(); m];
+        let mut data: Vec<sys::CUgraphEdgeData> = vec![std::mem::zeroed(); m];
+        if m > 0 {
+            check(
+                sys::cuGraphNodeGetDependencies_v2(
+                    node,
+                    deps.as_mut_ptr(),
+                    data.as_mut_ptr(),
+                    &mut m,
+                ),
+                "reading a node's edges",
+            )?;
+        }
+        for (d, e) in deps.iter().zip(&data).take(m) {
+            if e.type_ != 0 {
+                prog += 1;
+            } else {
+                other += 1;
+                full.push(format!("{} <- {}", node_label(node), node_label(*d)));
+            }
+        }
+    }
+    let mut s = format!(
+        "{} nodes {kinds:?}; edges: {prog} programmatic, {other} full",
+        nodes.len()
+    );
+    for f in full {
+        s.push_str("\n  full edge: ");
+        s.push_str(&f);
+    }
+    Ok(s)
 }
 
 #[cfg(test)]
