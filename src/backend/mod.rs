@@ -554,13 +554,16 @@ pub trait Backend: Send + Sync + 'static {
     /// `sample` started without waiting: the same draw on the last row of `logits` (borrowed:
     /// a recorded step's output, penalised in place), the id read back in the background;
     /// `sample_finish` returns it. Work queued after this call (the next step, fed the id by
-    /// `begin_forward_sampled`) runs while the host waits. Ok(false): not supported here
-    /// (nothing was started; sample with `sample`).
+    /// `begin_forward_sampled`) runs while the host waits. `next_pos`: the position of the
+    /// one-token step `begin_forward_sampled` will start from this draw, when the caller knows
+    /// it (a backend may hand the id over to it as part of the draw). Ok(false): not supported
+    /// here (nothing was started; sample with `sample`).
     fn sample_begin(
         &self,
         _logits: &Self::Tensor,
         _state: &mut Self::SamplerState,
         _banned: &[u32],
+        _next_pos: Option<usize>,
     ) -> Result<bool> {
         Ok(false)
     }

@@ -466,8 +466,8 @@ impl CudaDevice {
             DevPtr::of(&*out),
         );
         match scratch {
-            Some(s) => self.sample_ptr(spec, l, vocab, p, c, o, DevPtr::of(&*s)),
-            None => self.sample_one_block_ptr(spec, l, vocab, p, c, o),
+            Some(s) => self.sample_ptr(spec, l, vocab, p, c, o, DevPtr::of(&*s), Default::default()),
+            None => self.sample_one_block_ptr(spec, l, vocab, p, c, o, Default::default()),
         }
     }
 }

@@ -56,8 +56,10 @@ pub use launch_prefill::{
 };
 pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, KernQ8, NormWeightPtr};
 pub use probe::cuda_available;
+pub use readback::TokenReadback;
 pub use sampler::{
-    kernel_params, sample_scratch_words, CudaSamplerState, MAX_BANNED, SAMPLE_BLOCK_LOGITS,
+    kernel_params, sample_scratch_words, CudaSamplerState, SampleHandover, MAX_BANNED,
+    SAMPLE_BLOCK_LOGITS,
 };
 pub use types::{Bf16Side, GpuKvCache, GpuTensor, GpuWeight, KvType, Q8Ptrs, Q8Side, WeightView};
 

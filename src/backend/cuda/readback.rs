@@ -1,8 +1,10 @@
-//! A background device-to-host read of one sampled id: a stream-ordered copy into page-locked
-//! host memory and an event behind it, so the host can queue more work (the next decode step)
-//! before it waits for the id.
+//! A background device-to-host read of one sampled id: page-locked host memory mapped into the
+//! device and an event behind the write, so the host can queue more work (the next decode step)
+//! before it waits for the id. The sample kernel writes the id there itself (`mirror`), so no
+//! copy sits on the stream between two steps; `start` (a stream-ordered copy) serves callers
+//! that did not pass the mirror to the kernel.
 
-use cudarc::driver::sys;
+use cudarc::driver::{sys, CudaStream};
 
 use super::buf::DevPtr;
 use super::error::CudaError;
@@ -15,6 +17,8 @@ fn check(r: sys::CUresult, what: &'static str) -> Result<(), CudaError> {
 #[derive(Debug)]
 pub struct TokenReadback {
     host: *mut i32,
+    /// `host` as the device addresses it (mapped page-locked memory).
+    dev: u64,
     event: sys::CUevent,
     /// A copy is queued and not yet waited for.
     pending: bool,
@@ -31,9 +35,21 @@ impl TokenReadback {
         // SAFETY: plain allocations; freed in Drop.
         unsafe {
             check(
-                sys::cuMemHostAlloc(&mut host, 4, 0),
+                sys::cuMemHostAlloc(&mut host, 4, sys::CU_MEMHOSTALLOC_DEVICEMAP),
                 "allocating page-locked memory",
             )?;
+        }
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was allocated just above with the device-map flag.
+        if let Err(e) = unsafe {
+            check(
+                sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0),
+                "mapping page-locked memory",
+            )
+        } {
+            // SAFETY: allocated just above, not shared.
+            unsafe { sys::cuMemFreeHost(host) };
+            return Err(e);
         }
         let mut event: sys::CUevent = std::ptr::null_mut();
         // spin-waiting event without timing: the lowest-latency wait
@@ -47,13 +63,30 @@ impl TokenReadback {
         }
         Ok(TokenReadback {
             host: host.cast(),
+            dev,
             event,
             pending: false,
         })
     }
 
+    /// The host word as a device pointer (one i32): what the sample kernel's `mirror` takes.
+    pub fn device_word(&self) -> DevPtr<i32> {
+        // SAFETY: `dev` maps the 4 bytes of `host`, alive as long as `self`.
+        unsafe { DevPtr::from_raw(self.dev, 1) }
+    }
+
+    /// Queue only the event, behind a kernel that writes the id to [`Self::device_word`] itself.
+    pub fn start_mirrored(&mut self, stream: &CudaStream) -> Result<(), CudaError> {
+        let stream = stream.cu_stream();
+        // SAFETY: the event is ours; recording it on a live stream.
+        unsafe { check(sys::cuEventRecord(self.event, stream), "recording an event")? };
+        self.pending = true;
+        Ok(())
+    }
+
     /// Queue the copy of `src[0]` on `stream` (after everything queued so far) and the event.
-    pub fn start(&mut self, stream: sys::CUstream, src: DevPtr<i32>) -> Result<(), CudaError> {
+    pub fn start(&mut self, stream: &CudaStream, src: DevPtr<i32>) -> Result<(), CudaError> {
+        let stream = stream.cu_stream();
         if src.is_empty() {
             return Err(CudaError::Invalid {
                 op: "readback",
@@ -82,8 +115,8 @@ impl TokenReadback {
             });
         }
         self.pending = false;
-        // SAFETY: the event was recorded by `start`; once it completes, the copy into `host`
-        // has landed and nothing else writes it.
+        // SAFETY: the event was recorded by `start` or `start_mirrored`; once it completes, the
+        // copy or the kernel's write into `host` has landed and nothing else writes it.
         unsafe {
             check(sys::cuEventSynchronize(self.event), "waiting for the id")?;
             Ok(std::ptr::read_volatile(self.host))

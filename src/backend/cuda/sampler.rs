@@ -62,6 +62,20 @@ pub struct CudaSamplerState {
     banned_now: Vec<u32>,
     /// The background read of `out` (`sample_begin`), made on first use.
     readback: Option<TokenReadback>,
+    /// The position of the one-token step the last `sample_begin` fed its id to (the kernel
+    /// wrote id and position into the step buffer), if it did.
+    fed: Option<usize>,
+}
+
+/// Where a draw lands besides `out` (ops/sample's hand-over outputs, both optional).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SampleHandover {
+    /// The next step's one-token input `[id, position]` and the position written there (one
+    /// row only).
+    pub feed: Option<(DevPtr<i32>, i32)>,
+    /// One i32 per row of page-locked host memory mapped into the device
+    /// ([`TokenReadback::device_word`]).
+    pub mirror: Option<DevPtr<i32>>,
 }
 
 fn be_err(e: CudaError) -> BackendError {
@@ -144,6 +158,7 @@ impl CudaBackend {
                 banned: self.pool.alloc_persistent(MAX_BANNED * 4)?,
                 banned_now: Vec::new(),
                 readback: None,
+                fed: None,
             })
         };
         mk().map_err(be_err)
@@ -173,30 +188,49 @@ impl CudaBackend {
         st: &mut CudaSamplerState,
         banned: &[u32],
     ) -> Result<u32, BackendError> {
-        self.enqueue_sample(&logits, st, banned)?;
+        st.fed = None;
+        self.enqueue_sample(&logits, st, banned, SampleHandover::default())?;
         let id = read_ptr(self.dev.stream(), st.out.ptr::<i32>(), 1).map_err(be_err)?[0];
         drop(logits);
         checked_id(id, st.vocab)
     }
 
-    /// `Backend::sample_begin`: the same launches, the id read back in the background.
+    /// `Backend::sample_begin`: the same launches, the id read back in the background. `feed`:
+    /// the one-token step buffer and the position `next_pos` to hand the id over to (the
+    /// kernel writes both; `begin_forward_sampled` at that position then copies nothing).
+    /// With the hand-over on (`handover_enabled`) the kernel also writes the id to mapped host
+    /// memory, so only an event follows it on the stream.
     pub fn sample_begin_impl(
         &self,
         logits: &GpuTensor,
         st: &mut CudaSamplerState,
         banned: &[u32],
+        feed: Option<(DevPtr<i32>, i32)>,
+        next_pos: Option<usize>,
     ) -> Result<bool, BackendError> {
+        st.fed = None;
         if !pipeline_enabled() {
             return Ok(false);
         }
-        self.enqueue_sample(logits, st, banned)?;
         bind(self.dev.stream()).map_err(be_err)?;
         if st.readback.is_none() {
             st.readback = Some(TokenReadback::new().map_err(be_err)?);
         }
+        let mirror = st
+            .readback
+            .as_ref()
+            .filter(|_| super::backend::handover_enabled())
+            .map(TokenReadback::device_word);
+        self.enqueue_sample(logits, st, banned, SampleHandover { feed, mirror })?;
+        st.fed = feed.and(next_pos);
+        let out = st.out.ptr::<i32>();
+        let stream = self.dev.stream();
         let rb = st.readback.as_mut().expect("created above");
-        rb.start(self.dev.stream().cu_stream(), st.out.ptr::<i32>())
-            .map_err(be_err)?;
+        match mirror {
+            Some(_) => rb.start_mirrored(stream),
+            None => rb.start(stream, out),
+        }
+        .map_err(be_err)?;
         Ok(true)
     }
 
@@ -216,6 +250,11 @@ impl CudaBackend {
         st.out.ptr::<i32>()
     }
 
+    /// The position of the one-token step the last `sample_begin` of `st` fed its id to.
+    pub fn fed_position(st: &CudaSamplerState) -> Option<usize> {
+        st.fed
+    }
+
     /// Penalties, bans, the draw and the count update on the last row of `logits`, queued on
     /// the stream; the id lands in `st.out`.
     fn enqueue_sample(
@@ -223,6 +262,7 @@ impl CudaBackend {
         logits: &GpuTensor,
         st: &mut CudaSamplerState,
         banned: &[u32],
+        hand: SampleHandover,
     ) -> Result<(), BackendError> {
         if logits.rows == 0 || logits.cols != st.vocab {
             return Err(BackendError::Shape {
@@ -275,6 +315,7 @@ impl CudaBackend {
                 st.counter.ptr::<u32>(),
                 out,
                 st.scratch.ptr::<u32>(),
+                hand,
             )?;
             if let Some(counts) = &st.counts {
                 self.dev.penalties_count(pen, out, 0, counts.ptr::<u32>())?;
@@ -411,13 +452,15 @@ impl CudaDevice {
         counters: DevPtr<u32>,
         out: DevPtr<i32>,
         scratch: DevPtr<u32>,
+        hand: SampleHandover,
     ) -> Result<(), CudaError> {
-        self.launch_sample(spec, logits, vocab, params, counters, out, Some(scratch))
+        self.launch_sample(spec, logits, vocab, params, counters, out, Some(scratch), hand)
     }
 
     /// The single-block reference entry of the `sample` kernel (`__one_block`, one block per
     /// row over the whole vocabulary): the selftest's check that the multi-block kernel draws
     /// exactly the same tokens.
+    #[allow(clippy::too_many_arguments)]
     pub fn sample_one_block_ptr(
         &self,
         spec: &'static KernelSpec,
@@ -426,8 +469,9 @@ impl CudaDevice {
         params: DevPtr<SampleParams>,
         counters: DevPtr<u32>,
         out: DevPtr<i32>,
+        hand: SampleHandover,
     ) -> Result<(), CudaError> {
-        self.launch_sample(spec, logits, vocab, params, counters, out, None)
+        self.launch_sample(spec, logits, vocab, params, counters, out, None, hand)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -440,6 +484,7 @@ impl CudaDevice {
         counters: DevPtr<u32>,
         out: DevPtr<i32>,
         scratch: Option<DevPtr<u32>>,
+        hand: SampleHandover,
     ) -> Result<(), CudaError> {
         const OP: &str = "sample";
         check_op(spec, Op::Sample, OP)?;
@@ -457,6 +502,16 @@ impl CudaDevice {
             ));
         }
         let v = i32::try_from(vocab).map_err(|_| invalid(OP, "vocab exceeds i32".into()))?;
+        if hand.feed.is_some_and(|(f, _)| rows != 1 || f.len() < 2)
+            || hand.mirror.is_some_and(|m| m.len() < rows)
+        {
+            return Err(invalid(
+                OP,
+                format!("hand-over outputs for {rows} rows: {hand:?} (feed: one row, 2 values)"),
+            ));
+        }
+        let (fp, feed_pos) = hand.feed.map_or((0u64, 0i32), |(f, p)| (f.raw(), p));
+        let mp = hand.mirror.map_or(0u64, |m| m.raw());
         let blocks = vocab.div_ceil(SAMPLE_BLOCK_LOGITS);
         if blocks > SAMPLE_MAX_BLOCKS {
             return Err(invalid(
@@ -491,10 +546,12 @@ impl CudaDevice {
         let (lp, pp, cp, op) = (logits.raw(), params.raw(), counters.raw(), out.raw());
         let mut b = self.stream().launch_builder(&f);
         b.arg(&lp).arg(&v).arg(&pp).arg(&cp).arg(&op).arg(&sp);
+        b.arg(&fp).arg(&feed_pos).arg(&mp);
         // SAFETY: matches (const float* logits, int V, const SampleParams* p, u32* counters,
-        // int* out, u32* scratch), grid (ceil(V / 4096), rows) of 1024 threads (the
-        // multi-block entry; its scratch holds rows x sample_scratch_words(V) words) or (1, rows)
-        // (`__one_block`, scratch unused); sizes checked above.
+        // int* out, u32* scratch, int* feed, int feed_pos, int* mirror), grid (ceil(V / 4096),
+        // rows) of 1024 threads (the multi-block entry; its scratch holds rows x
+        // sample_scratch_words(V) words) or (1, rows) (`__one_block`, scratch unused); feed
+        // (2 values, one row) and mirror (rows values) null or checked above, as the sizes.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())
     }

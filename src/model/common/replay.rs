@@ -121,7 +121,7 @@ impl<B: Backend> StepReplay<B> {
             .iter()
             .map(|t| owned_copy(be, t))
             .collect::<R<Vec<_>>>()?;
-        if !bk!(be.sample_begin(logits, sampler, banned))? {
+        if !bk!(be.sample_begin(logits, sampler, banned, next_pos))? {
             // a backend that samples synchronously: no pipelining
             let l = owned_copy(be, logits)?;
             let token = bk!(be.sample(l, sampler, banned))?;

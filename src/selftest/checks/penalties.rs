@@ -132,6 +132,7 @@ impl KernelCheck for PenaltiesCheck {
                     DevPtr::of(&d_counter),
                     DevPtr::of(&d_out),
                     DevPtr::of(&d_scratch),
+                    Default::default(),
                 )?;
                 dev.penalties_count(spec, DevPtr::of(&d_out), 0, DevPtr::of(&d_counts))?;
                 let got = dev.download(&d_out)?[0];

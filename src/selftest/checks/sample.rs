@@ -6,11 +6,15 @@
 //! CPU's kept set, at most 2% of draws may differ from the CPU draw (an exp() rounding can move a
 //! boundary), every draw must equal the single-block kernel's (`__one_block`: the same filters
 //! over the whole row, where the multi-block kernel walks per-block top-k candidates), and a
-//! second run must repeat every token exactly. The reported error is the number of violations;
+//! second run must repeat every token exactly. Both entries' hand-over outputs (the pipelined
+//! decode's: the next step's `[id, position]` and a mapped host word) must carry the drawn id,
+//! and a hand-over to two rows must be refused. The reported error is the number of violations;
 //! the time is one greedy row of 151936 logits (a decode step's sampler).
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::{sample_scratch_words, CudaError};
+use crate::backend::cuda::{
+    sample_scratch_words, CudaError, DevPtr, SampleHandover, TokenReadback,
+};
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::sample::{argmax, draw, kept, SampleParams};
 use rand::Rng;
@@ -35,6 +39,9 @@ impl KernelCheck for SampleCheck {
             violations += n;
             draws += d;
         }
+        let (n, d) = handover_case(cx, spec)?;
+        violations += n;
+        draws += d;
         let cmp = Comparison {
             max_rel_err: violations as f64,
             unwritten: 0,
@@ -176,4 +183,65 @@ fn vocab_case(
     let draws = rows * steps as usize;
     let excess = mismatch.saturating_sub(draws / 50);
     Ok((outside + excess + irreproducible + differs, draws))
+}
+
+/// The hand-over outputs of both entries (greedy and sampled, one row of 151936 logits): the
+/// feed must read `[id, 77]` and the mapped host word the id of `out`; a feed for two rows must
+/// be refused. (violations, draws).
+fn handover_case(
+    cx: &mut CheckCtx<'_>,
+    spec: &'static KernelSpec,
+) -> Result<(usize, usize), CudaError> {
+    let v = 151_936usize;
+    let logits: Vec<f32> = (0..2 * v).map(|_| cx.rng.random::<f32>() * 8.0).collect();
+    let dl = cx.dev.upload(&logits)?;
+    let row = DevPtr::of(&dl)
+        .slice(0, v)
+        .ok_or_else(|| CudaError::Invalid {
+            op: "sample",
+            detail: "logits".into(),
+        })?;
+    let scratch = cx.dev.upload(&vec![0u32; 2 * sample_scratch_words(v)])?;
+    let mut rb = TokenReadback::new()?;
+    let (mut bad, mut draws) = (0usize, 0usize);
+    for (temperature, top_k) in [(0.0f32, 0i32), (1.0, 40)] {
+        let p = SampleParams {
+            temperature,
+            top_k,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 7,
+        };
+        let dp = cx.dev.upload(&[p, p])?;
+        for multi in [true, false] {
+            let counters = cx.dev.upload(&[0u32, 0])?;
+            let out = cx.dev.upload(&[-1i32, -1])?;
+            let feed = cx.dev.upload(&[-1i32, -1])?;
+            let hand = SampleHandover {
+                feed: Some((DevPtr::of(&feed), 77)),
+                mirror: Some(rb.device_word()),
+            };
+            let (pp, cp, op) = (DevPtr::of(&dp), DevPtr::of(&counters), DevPtr::of(&out));
+            if multi {
+                cx.dev
+                    .sample_ptr(spec, row, v, pp, cp, op, DevPtr::of(&scratch), hand)?;
+            } else {
+                cx.dev.sample_one_block_ptr(spec, row, v, pp, cp, op, hand)?;
+            }
+            rb.start_mirrored(cx.dev.stream())?;
+            let host = rb.finish()?;
+            let id = cx.dev.download(&out)?[0];
+            let fed = cx.dev.download(&feed)?;
+            draws += 1;
+            bad += usize::from(id < 0 || id as usize >= v || host != id || fed != [id, 77]);
+            // two rows cannot take one feed
+            let two = DevPtr::of(&dl);
+            let refused = cx
+                .dev
+                .sample_ptr(spec, two, v, pp, cp, op, DevPtr::of(&scratch), hand)
+                .is_err();
+            bad += usize::from(!refused);
+        }
+    }
+    Ok((bad, draws))
 }

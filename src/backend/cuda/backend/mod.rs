@@ -237,8 +237,20 @@ impl Backend for CudaBackend {
         logits: &GpuTensor,
         state: &mut CudaSamplerState,
         banned: &[u32],
+        next_pos: Option<usize>,
     ) -> Result<bool> {
-        self.sample_begin_impl(logits, state, banned)
+        // the draw hands its id and the next position straight to the one-token step buffer
+        let feed = match next_pos {
+            Some(p) if handover_enabled() && !self.dev.capturing() => {
+                let pos = i32::try_from(p).map_err(|_| BackendError::Shape {
+                    op: "sample_begin",
+                    detail: format!("position {p} exceeds i32"),
+                })?;
+                Some((self.step().feed_slot(&self.pool)?, pos))
+            }
+            _ => None,
+        };
+        self.sample_begin_impl(logits, state, banned, feed, next_pos)
     }
 
     fn sample_finish(&self, state: &mut CudaSamplerState) -> Result<u32> {
@@ -250,6 +262,10 @@ impl Backend for CudaBackend {
             return Err(BackendError::Device(
                 "begin_forward_sampled while recording a step".into(),
             ));
+        }
+        if CudaBackend::fed_position(state) == Some(pos0) {
+            // the draw already wrote the id and the position into the one-token buffer
+            return Ok(self.step().adopt_fed(pos0)?);
         }
         let src = CudaBackend::sampled_id_ptr(state);
         Ok(self.step().begin_device(&self.pool, src, pos0)?)
@@ -622,6 +638,14 @@ impl Backend for CudaBackend {
     }
 }
 
+/// Whether a pipelined draw hands its id over to the next step inside the `sample` kernel (the
+/// one-token step buffer and mapped host memory: no copy on the stream between two steps),
+/// unless `FUCINA_SAMPLE_HANDOVER=0` (read once; for A/B runs) keeps the stream-ordered copies.
+pub(crate) fn handover_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FUCINA_SAMPLE_HANDOVER").as_deref() != Ok("0"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::step::{step_image, StepState};
@@ -653,3 +677,4 @@ mod tests {
         assert!(step_image(&[1], i32::MAX as usize).is_err());
     }
 }
+

@@ -103,7 +103,6 @@ impl StepState {
         Ok(())
     }
 
-    /// Whether `ids` are this pass's ids.
     /// `begin` of a one-token step at `pos0` whose token is `src[0]` on the device (a sampled
     /// id the host has not read yet): stream-ordered copies into the one-token buffer. The
     /// step's ids are unknown here, so no recording can start from it.
@@ -153,6 +152,52 @@ impl StepState {
         Ok(())
     }
 
+    /// The one-token buffer (allocated here when no one-token pass ran yet) as `[id, position]`:
+    /// where the sample kernel hands the drawn id and the next position over (`feed`), so that
+    /// [`Self::adopt_fed`] needs no copy. The pointer stays valid: the buffer is never freed.
+    pub fn feed_slot(&mut self, pool: &Arc<Pool>) -> Result<DevPtr<i32>, CudaError> {
+        let held = match (&self.buf, &self.single) {
+            (Some(b), _) if self.n == 1 => Some(b.ptr::<i32>()),
+            (_, Some(b)) => Some(b.ptr::<i32>()),
+            _ => None,
+        };
+        let p = match held {
+            Some(p) => p,
+            None => {
+                let b = pool.alloc_persistent(2 * 4)?;
+                let p = b.ptr::<i32>();
+                self.single = Some(b);
+                p
+            }
+        };
+        p.slice(0, 2).ok_or_else(|| CudaError::Invalid {
+            op: "begin_forward_sampled",
+            detail: "the one-token buffer holds two values".into(),
+        })
+    }
+
+    /// `begin_device` for a one-token step whose id and position a stream-ordered kernel has
+    /// already written into the one-token buffer ([`Self::feed_slot`]): only the host's view.
+    pub fn adopt_fed(&mut self, pos0: usize) -> Result<(), CudaError> {
+        if let Some(b) = self.buf.take() {
+            if self.n == 1 {
+                self.single = Some(b);
+            } else {
+                self.multi = Some(b);
+            }
+        }
+        let b = self.single.take().ok_or_else(|| CudaError::Invalid {
+            op: "begin_forward_sampled",
+            detail: "no one-token buffer was handed to the sampler".into(),
+        })?;
+        self.buf = Some(b);
+        self.ids.clear();
+        self.pos0 = pos0;
+        self.n = 1;
+        Ok(())
+    }
+
+    /// Whether `ids` are this pass's ids.
     pub fn ids_match(&self, ids: &[u32]) -> bool {
         self.n > 0 && self.ids == ids
     }
