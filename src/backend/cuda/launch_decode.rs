@@ -466,7 +466,9 @@ impl CudaDevice {
             DevPtr::of(&*out),
         );
         match scratch {
-            Some(s) => self.sample_ptr(spec, l, vocab, p, c, o, DevPtr::of(&*s), Default::default()),
+            Some(s) => {
+                self.sample_ptr(spec, l, vocab, p, c, o, DevPtr::of(&*s), Default::default())
+            }
             None => self.sample_one_block_ptr(spec, l, vocab, p, c, o, Default::default()),
         }
     }

@@ -454,7 +454,16 @@ impl CudaDevice {
         scratch: DevPtr<u32>,
         hand: SampleHandover,
     ) -> Result<(), CudaError> {
-        self.launch_sample(spec, logits, vocab, params, counters, out, Some(scratch), hand)
+        self.launch_sample(
+            spec,
+            logits,
+            vocab,
+            params,
+            counters,
+            out,
+            Some(scratch),
+            hand,
+        )
     }
 
     /// The single-block reference entry of the `sample` kernel (`__one_block`, one block per

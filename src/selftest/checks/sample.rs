@@ -226,7 +226,8 @@ fn handover_case(
                 cx.dev
                     .sample_ptr(spec, row, v, pp, cp, op, DevPtr::of(&scratch), hand)?;
             } else {
-                cx.dev.sample_one_block_ptr(spec, row, v, pp, cp, op, hand)?;
+                cx.dev
+                    .sample_one_block_ptr(spec, row, v, pp, cp, op, hand)?;
             }
             rb.start_mirrored(cx.dev.stream())?;
             let host = rb.finish()?;

@@ -338,4 +338,3 @@ mod tests {
         assert_eq!(chunks_for(4096, Some(3)), Some(3));
     }
 }
-

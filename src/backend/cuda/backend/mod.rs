@@ -677,4 +677,3 @@ mod tests {
         assert!(step_image(&[1], i32::MAX as usize).is_err());
     }
 }
-
