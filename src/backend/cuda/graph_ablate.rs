@@ -100,15 +100,11 @@ unsafe fn neighbours(
     Ok(v)
 }
 
-/// Remove from `g` every kernel node whose name contains one of `patterns`, joining each
-/// removed node's predecessors to its successors. Returns how many nodes went.
+/// Every node of `g`.
 ///
 /// # Safety
-/// `g` must be a valid graph, not instantiated or executed concurrently.
-pub unsafe fn remove_kernels(g: sys::CUgraph, patterns: &[String]) -> Result<usize, CudaError> {
-    if patterns.is_empty() {
-        return Ok(0);
-    }
+/// `g` must be a valid graph, not executed concurrently.
+unsafe fn graph_nodes(g: sys::CUgraph) -> Result<Vec<sys::CUgraphNode>, CudaError> {
     let mut n = 0usize;
     check(
         sys::cuGraphGetNodes(g, std::ptr::null_mut(), &mut n),
@@ -120,6 +116,19 @@ pub unsafe fn remove_kernels(g: sys::CUgraph, patterns: &[String]) -> Result<usi
         "reading graph nodes",
     )?;
     nodes.truncate(n);
+    Ok(nodes)
+}
+
+/// Remove from `g` every kernel node whose name contains one of `patterns`, joining each
+/// removed node's predecessors to its successors. Returns how many nodes went.
+///
+/// # Safety
+/// `g` must be a valid graph, not instantiated or executed concurrently.
+pub unsafe fn remove_kernels(g: sys::CUgraph, patterns: &[String]) -> Result<usize, CudaError> {
+    if patterns.is_empty() {
+        return Ok(0);
+    }
+    let nodes = graph_nodes(g)?;
     let mut removed = 0;
     for node in nodes {
         let Some(name) = kernel_name(node) else {
@@ -174,17 +183,7 @@ unsafe fn node_label(node: sys::CUgraphNode) -> String {
 /// `g` must be a valid graph, not executed concurrently.
 pub unsafe fn describe(g: sys::CUgraph) -> Result<String, CudaError> {
     use std::collections::BTreeMap;
-    let mut n = 0usize;
-    check(
-        sys::cuGraphGetNodes(g, std::ptr::null_mut(), &mut n),
-        "counting graph nodes",
-    )?;
-    let mut nodes = vec![std::ptr::null_mut(); n];
-    check(
-        sys::cuGraphGetNodes(g, nodes.as_mut_ptr(), &mut n),
-        "reading graph nodes",
-    )?;
-    nodes.truncate(n);
+    let nodes = graph_nodes(g)?;
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     let mut full = Vec::new();
     let (mut prog, mut other) = (0usize, 0usize);
