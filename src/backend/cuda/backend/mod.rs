@@ -650,6 +650,17 @@ pub(crate) fn handover_enabled() -> bool {
 mod tests {
     use super::step::{step_image, StepState};
 
+    /// A fed step needs the one-token buffer the sampler was handed: without one the host's
+    /// view is refused, not silently pointed at nothing, and stays as it was.
+    #[test]
+    fn adopting_a_fed_step_needs_the_one_token_buffer() {
+        let mut s = StepState::fake(&[5, 6, 7], 10);
+        let e = s.adopt_fed(13).unwrap_err().to_string();
+        assert!(e.contains("no one-token buffer"), "{e}");
+        assert!(s.ids_match(&[5, 6, 7]));
+        assert_eq!(s.pos_offset(10, 3), Some(0));
+    }
+
     #[test]
     fn step_buffer_matching() {
         let s = StepState::fake(&[5, 6, 7], 10);

@@ -72,13 +72,7 @@ impl StepState {
         }
         let image = step_image(ids, pos0)?;
         // Move the current buffer back to its slot, then pick the slot for this pass.
-        if let Some(b) = self.buf.take() {
-            if self.n == 1 {
-                self.single = Some(b);
-            } else {
-                self.multi = Some(b);
-            }
-        }
+        self.park();
         let b = if ids.len() == 1 {
             match self.single.take() {
                 Some(b) => b,
@@ -120,13 +114,7 @@ impl StepState {
         let src = src
             .slice(0, 1)
             .ok_or_else(|| bad("no sampled id to read".into()))?;
-        if let Some(b) = self.buf.take() {
-            if self.n == 1 {
-                self.single = Some(b);
-            } else {
-                self.multi = Some(b);
-            }
-        }
+        self.park();
         let b = match self.single.take() {
             Some(b) => b,
             None => pool.alloc_persistent(2 * 4)?,
@@ -145,11 +133,28 @@ impl StepState {
         if r != sys::CUresult::CUDA_SUCCESS {
             return Err(bad(format!("writing the position: {r:?}")));
         }
+        self.hold_single(b, pos0);
+        Ok(())
+    }
+
+    /// Move the current pass's buffer back to its slot (`single` or `multi`).
+    fn park(&mut self) {
+        if let Some(b) = self.buf.take() {
+            if self.n == 1 {
+                self.single = Some(b);
+            } else {
+                self.multi = Some(b);
+            }
+        }
+    }
+
+    /// Make `b` (the one-token buffer) the current pass's, a step at `pos0` whose id only the
+    /// device knows.
+    fn hold_single(&mut self, b: DevBuf, pos0: usize) {
         self.buf = Some(b);
         self.ids.clear();
         self.pos0 = pos0;
         self.n = 1;
-        Ok(())
     }
 
     /// The one-token buffer (allocated here when no one-token pass ran yet) as `[id, position]`:
@@ -178,22 +183,18 @@ impl StepState {
 
     /// `begin_device` for a one-token step whose id and position a stream-ordered kernel has
     /// already written into the one-token buffer ([`Self::feed_slot`]): only the host's view.
+    /// Without a one-token buffer it is an error and the state stays as it was.
     pub fn adopt_fed(&mut self, pos0: usize) -> Result<(), CudaError> {
-        if let Some(b) = self.buf.take() {
-            if self.n == 1 {
-                self.single = Some(b);
-            } else {
-                self.multi = Some(b);
-            }
-        }
-        let b = self.single.take().ok_or_else(|| CudaError::Invalid {
+        let missing = || CudaError::Invalid {
             op: "begin_forward_sampled",
             detail: "no one-token buffer was handed to the sampler".into(),
-        })?;
-        self.buf = Some(b);
-        self.ids.clear();
-        self.pos0 = pos0;
-        self.n = 1;
+        };
+        if self.single.is_none() && !(self.n == 1 && self.buf.is_some()) {
+            return Err(missing());
+        }
+        self.park();
+        let b = self.single.take().ok_or_else(missing)?;
+        self.hold_single(b, pos0);
         Ok(())
     }
 
