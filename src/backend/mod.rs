@@ -321,6 +321,18 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// act(gate) * up.
     fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
+    /// [`Backend::glu_fused`] of [`Backend::linear`]: `act(x Wg^T) * (x Wu^T)` for a fused
+    /// `[2 ff, in]` gate|up weight. A backend may run it as one kernel (the CUDA decode GEMV's
+    /// `__glu` entry); the result is the same values.
+    fn linear_glu(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        act: Activation,
+    ) -> Result<Self::Tensor> {
+        let y = self.linear(x, w)?;
+        self.glu_fused(&y, act)
+    }
     /// x * sigmoid(gate); `gate` may also be `[n, 1]` (one gate per row, broadcast over columns,
     /// as in Qwen3.5's shared-expert gate).
     fn sigmoid_gate(&self, x: &Self::Tensor, gate: &Self::Tensor) -> Result<Self::Tensor>;

@@ -32,7 +32,7 @@ use crate::ops::RopeLayout;
 use crate::quant::GgmlType;
 
 /// The side-car of `t` (an error when it has none) as `(q, ds)` host values.
-fn side_car(gpu: &CudaBackend, t: &GpuTensor) -> R<(Vec<i8>, Vec<f32>)> {
+pub(super) fn side_car(gpu: &CudaBackend, t: &GpuTensor) -> R<(Vec<i8>, Vec<f32>)> {
     let s =
         t.q8.as_ref()
             .ok_or_else(|| anyhow::anyhow!("the output carries no int8 side-car"))?;

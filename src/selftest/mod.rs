@@ -5,6 +5,7 @@
 //! `checks/mod.rs`; an instance without a check fails.
 
 mod backend_fused;
+mod backend_glu;
 mod backend_moe;
 mod backend_ops;
 mod backend_prefill;

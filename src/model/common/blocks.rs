@@ -72,10 +72,7 @@ impl<B: Backend> GateUp<B> {
     /// act(gate x) * up x.
     pub fn forward(&self, be: &B, x: &B::Tensor, act: Activation) -> R<B::Tensor> {
         match self {
-            GateUp::Fused(w) => {
-                let y = bk!(be.linear(x, w))?;
-                bk!(be.glu_fused(&y, act))
-            }
+            GateUp::Fused(w) => bk!(be.linear_glu(x, w, act)),
             GateUp::Split { gate, up } => {
                 let g = bk!(be.linear(x, gate))?;
                 let u = bk!(be.linear(x, up))?;

@@ -30,6 +30,13 @@ pub(crate) fn gemv_bucket(n: usize) -> Option<(BatchBucket, usize)> {
     }
 }
 
+/// Whether decode runs a fused gate|up GEMV through its `__glu` entry, unless
+/// `FUCINA_GEMV_GLU=0` (read once; for A/B runs) keeps the GEMV and the GLU kernel apart.
+fn gemv_glu_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FUCINA_GEMV_GLU").as_deref() != Ok("0"))
+}
+
 /// Whether the weight format has a tensor-core GEMM instance taking bf16 activations.
 pub(crate) fn has_gemm(q: Quant) -> bool {
     matches!(
@@ -108,6 +115,85 @@ impl CudaBackend {
             super::super::buf::copy(self.pool.stream(), dst, part.ptr())?;
         }
         Ok(GpuTensor::new(y, n, out))
+    }
+
+    /// `act(x Wg^T) * (x Wu^T)` of a fused gate|up weight. One row against a repacked Q4_0 /
+    /// Q4_K weight (q4_0r / q4_kr, `2 ff` rows, ff a multiple of 32) whose ff / 32 blocks fit
+    /// the GPU at once runs the batch-1 GEMV's `__glu` entry: the GEMV, the GLU and the int8
+    /// side-car of h in one launch, the same values as `linear` then `glu_fused`. Anything else
+    /// (or `FUCINA_GEMV_GLU=0`) runs those two.
+    pub(super) fn linear_glu_impl(
+        &self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        act: crate::backend::Activation,
+    ) -> Result<GpuTensor> {
+        if let Some(h) = self.gemv_glu(x, w, act)? {
+            return Ok(h);
+        }
+        let y = self.linear_impl(x, w)?;
+        self.glu_fused_impl(&y, act)
+    }
+
+    /// The one-launch form of [`Self::linear_glu_impl`], None where it does not apply.
+    pub(crate) fn gemv_glu(
+        &self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        act: crate::backend::Activation,
+    ) -> Result<Option<GpuTensor>> {
+        let v = w.matrix()?;
+        let (k, ff) = (x.cols, v.rows / 2);
+        let fits = crate::quant::repack::source_of(v.quant).is_some_and(|(_, s)| s.fits(k));
+        if x.rows != 1 || v.cols != k || v.rows % 2 != 0 || ff % 32 != 0 || ff == 0 || !fits {
+            return Ok(None);
+        }
+        if !gemv_glu_enabled() {
+            return Ok(None);
+        }
+        let Ok(e) = self.kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "glu") else {
+            return Ok(None);
+        };
+        if self
+            .dev
+            .gemv_glu_warps(&e, (ff / 32) as u32, self.sms)
+            .is_none()
+        {
+            return Ok(None);
+        }
+        // the input's int8 side-car: its producer's, or quantised here (kept until launched)
+        let own;
+        let (xq, xds) = match x.q8.as_ref().filter(|s| s.len == k) {
+            Some(s) => s.ptrs(),
+            None => {
+                own = self
+                    .q8_side(1, k)?
+                    .ok_or_else(|| shape(format!("no side-car for {k} values")))?;
+                let qk = self.kern(Op::QuantizeQ8, Quant::F32, BatchBucket::Any)?;
+                self.dev.quantize_q8_ptr(&qk, x.ptr(), own.q(), own.ds())?;
+                own.ptrs()
+            }
+        };
+        let h = self.alloc_tensor(1, ff)?;
+        let side = self
+            .q8_side(1, ff)?
+            .ok_or_else(|| shape(format!("no side-car for {ff} values")))?;
+        self.dev.gemv_glu_ptr(
+            &e,
+            &super::super::GemvGluArgs {
+                w: v.data,
+                xq,
+                xds,
+                h: h.ptr(),
+                hq: side.q(),
+                hds: side.ds(),
+                ff,
+                k,
+                act,
+            },
+            self.sms,
+        )?;
+        Ok(Some(h.with_q8(Some(side))))
     }
 
     /// `rows` (1..=8) rows of `x` against `w` (`[out, k]` of `q`) through the GEMV bucket.

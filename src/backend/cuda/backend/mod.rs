@@ -45,6 +45,9 @@ pub fn attn_q8_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("FUCINA_ATTN_Q8").map_or(true, |v| v != "0"))
 }
 
+/// (op, quant, batch bucket, entry suffix) of a secondary kernel entry.
+type EntryKey = (Op, Quant, BatchBucket, &'static str);
+
 /// The CUDA backend: a device, its memory pool and the options the models' ops need.
 pub struct CudaBackend {
     pub dev: Arc<CudaDevice>,
@@ -59,7 +62,7 @@ pub struct CudaBackend {
     /// Their int8 side-car entries (`__q8`) by op (rmsnorm, geglu, swiglu: f32 instances).
     kernels_q8: Mutex<HashMap<Op, KernQ8>>,
     /// Extra entries (`__<suffix>`: the multi-row forms) by (op, quant, suffix).
-    kernels_entry: Mutex<HashMap<(Op, Quant, &'static str), KernEntry>>,
+    kernels_entry: Mutex<HashMap<EntryKey, KernEntry>>,
     /// Token ids and positions of the current forward pass.
     step: Mutex<StepState>,
     /// RoPE frequency divisors on the device, keyed by their bits.
@@ -163,13 +166,22 @@ impl CudaBackend {
         quant: Quant,
         suffix: &'static str,
     ) -> Result<KernEntry> {
-        let key = (op, quant, suffix);
+        self.kern_entry_at(op, quant, BatchBucket::Any, suffix)
+    }
+
+    /// The entry `__<suffix>` of the (op, quant, batch) instance, loaded once.
+    pub(crate) fn kern_entry_at(
+        &self,
+        op: Op,
+        quant: Quant,
+        batch: BatchBucket,
+        suffix: &'static str,
+    ) -> Result<KernEntry> {
+        let key = (op, quant, batch, suffix);
         if let Some(k) = lock(&self.kernels_entry).get(&key) {
             return Ok(k.clone());
         }
-        let k = self
-            .dev
-            .kern_entry(&self.kern(op, quant, BatchBucket::Any)?, suffix)?;
+        let k = self.dev.kern_entry(&self.kern(op, quant, batch)?, suffix)?;
         lock(&self.kernels_entry).insert(key, k.clone());
         Ok(k)
     }
@@ -375,6 +387,10 @@ impl Backend for CudaBackend {
 
     fn glu_fused(&self, x: &GpuTensor, act: Activation) -> Result<GpuTensor> {
         self.glu_fused_impl(x, act)
+    }
+
+    fn linear_glu(&self, x: &GpuTensor, w: &GpuWeight, act: Activation) -> Result<GpuTensor> {
+        self.linear_glu_impl(x, w, act)
     }
 
     fn glu(&self, gate: &GpuTensor, up: &GpuTensor, act: Activation) -> Result<GpuTensor> {
