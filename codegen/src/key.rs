@@ -134,6 +134,9 @@ key_enum! {
         F16 => "f16",
         Bf16 => "bf16",
         Q8_0 => "q8_0",
+        /// Q8_0 repacked at upload (per row: the 32-byte int8 bodies, then the f16 scales;
+        /// src/quant/repack.rs), read as q4_0r is.
+        Q8_0R => "q8_0r",
         Q4_0 => "q4_0",
         /// Q4_0 repacked at upload (same bytes, per row: the 16-byte nibble blocks, then the f16
         /// scales), so a warp loads whole blocks with aligned, coalesced 16-byte loads

@@ -10,6 +10,7 @@ const WEIGHT_FORMATS: &[Quant] = &[
     Quant::F16,
     Quant::Bf16,
     Quant::Q8_0,
+    Quant::Q8_0R,
     Quant::Q4_0,
     Quant::Q4_0R,
     Quant::Q5_0,
@@ -22,7 +23,7 @@ const WEIGHT_FORMATS: &[Quant] = &[
 
 /// Formats repacked at upload from a GGUF one (src/quant/repack.rs): read by the GEMV,
 /// `dequant_bf16` and `embed` (a tied LM head is the embedding table).
-const REPACKED_FORMATS: &[Quant] = &[Quant::Q4_0R, Quant::Q4KR];
+const REPACKED_FORMATS: &[Quant] = &[Quant::Q8_0R, Quant::Q4_0R, Quant::Q4KR];
 
 /// GGUF formats the dp4a / float GEMV paths read (no FP8 / FP4 expert banks in GGUF files).
 const GGUF_FORMATS: &[Quant] = &[
@@ -47,7 +48,13 @@ const MOE_BLOCK_FORMATS: &[Quant] = &[
 
 /// Router weight formats of the fused MoE router (F32 in GGUF files, F16/BF16 elsewhere; Q8_0
 /// dots the input's int8 side-car).
-const MOE_ROUTER_FORMATS: &[Quant] = &[Quant::F32, Quant::F16, Quant::Bf16, Quant::Q8_0];
+const MOE_ROUTER_FORMATS: &[Quant] = &[
+    Quant::F32,
+    Quant::F16,
+    Quant::Bf16,
+    Quant::Q8_0,
+    Quant::Q8_0R,
+];
 
 /// `Ok(())` if `key` is a legal instance, else why not.
 pub fn check_legal(key: &KernelKey) -> Result<(), String> {

@@ -1,4 +1,4 @@
-//! Block formats repacked for the GPU decode GEMV (`q4_0r`, `q4_kr`): the same bytes as
+//! Block formats repacked for the GPU decode GEMV (`q8_0r`, `q4_0r`, `q4_kr`): the same bytes as
 //! the GGUF rows, reordered within each row so that the blocks' quant bodies sit together
 //! (16-byte aligned) and their heads (scales) follow them.
 //!
@@ -78,6 +78,7 @@ impl Split {
         let row = self.row_bytes(src.len(), dst.len(), cols)?;
         let rows = |s: &[u8], d: &mut [u8]| match (self.head, self.body) {
             (2, 16) => rows_to::<2, 16>(s, d, row),
+            (2, 32) => rows_to::<2, 32>(s, d, row),
             (16, 128) => rows_to::<16, 128>(s, d, row),
             (h, b) => rows_to_any(s, d, row, h, b),
         };
@@ -161,6 +162,7 @@ fn par_rows(src: &[u8], dst: &mut [u8], row: usize, f: impl Fn(&[u8], &mut [u8])
 /// format is not repacked).
 pub fn repacked_of(q: Quant) -> Option<(Quant, Split)> {
     Some(match q {
+        Quant::Q8_0 => (Quant::Q8_0R, Q8_0),
         Quant::Q4_0 => (Quant::Q4_0R, Q4_0),
         Quant::Q4K => (Quant::Q4KR, Q4_K),
         _ => return None,
@@ -170,6 +172,7 @@ pub fn repacked_of(q: Quant) -> Option<(Quant, Split)> {
 /// The GGUF kernel format a repacked format comes from, and its split (None: not repacked).
 pub fn source_of(q: Quant) -> Option<(Quant, Split)> {
     Some(match q {
+        Quant::Q8_0R => (Quant::Q8_0, Q8_0),
         Quant::Q4_0R => (Quant::Q4_0, Q4_0),
         Quant::Q4KR => (Quant::Q4K, Q4_K),
         _ => return None,
@@ -202,7 +205,7 @@ mod tests {
 
     #[test]
     fn fixed_generic_and_threaded_paths_agree() {
-        for (s, cols) in [(Q4_0, 4096usize), (Q4_K, 4096)] {
+        for (s, cols) in [(Q4_0, 4096usize), (Q8_0, 4096), (Q4_K, 4096)] {
             let row = cols / s.elems * s.block();
             let rows = (6 << 20) / row; // over the threading threshold
             let src: Vec<u8> = (0..rows * row).map(|i| (i * 31 + i / 7) as u8).collect();
@@ -230,7 +233,7 @@ mod tests {
         // 640 = 20 Q4_0 blocks: 360-byte rows are not 16-byte aligned
         assert!(!Q4_0.fits(640) && !Q8_0.fits(640) && !Q4_K.fits(640));
         assert!(Q4_K.fits(256) && !Q4_0.fits(32));
-        for q in [Quant::Q4_0, Quant::Q4K] {
+        for q in [Quant::Q8_0, Quant::Q4_0, Quant::Q4K] {
             let (r, s) = repacked_of(q).unwrap();
             assert_eq!(source_of(r), Some((q, s)));
         }

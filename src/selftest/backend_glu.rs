@@ -22,6 +22,7 @@ pub(super) fn linear_glu_cases(cx: &mut Ctx) {
         (GgmlType::Q4_0, 96, 1280, Activation::GeluTanh, false),
         (GgmlType::Q4K, 256, 4096, Activation::GeluTanh, true),
         (GgmlType::Q4K, 64, 1280, Activation::Silu, false),
+        (GgmlType::Q8_0, 384, 4096, Activation::Silu, true),
     ] {
         let Ok(wb) = random_weights(ty, 2 * ff, k, &mut cx.rng) else {
             continue;

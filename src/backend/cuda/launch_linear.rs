@@ -36,7 +36,7 @@ pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
         Quant::F32 => (1, 4),
         Quant::F16 | Quant::Bf16 => (1, 2),
         Quant::Fp8E4m3 => (1, 1),
-        Quant::Q8_0 => (32, 34),
+        Quant::Q8_0 | Quant::Q8_0R => (32, 34),
         Quant::Q4_0 | Quant::Q4_0R => (32, 18),
         Quant::Q5_0 => (32, 22),
         Quant::Q4K | Quant::Q4KR => (256, 144),

@@ -61,10 +61,11 @@ pub fn check_router(q: Quant, a: &MoeRouterArgs) -> Result<(), CudaError> {
     }
     let (be, bb) = weight_block(q).ok_or_else(|| invalid(OP, format!("no router for {q}")))?;
     let float = matches!(q, Quant::F32 | Quant::F16 | Quant::Bf16);
-    if !float && q != Quant::Q8_0 {
+    let repacked = q == Quant::Q8_0R;
+    if !float && q != Quant::Q8_0 && !repacked {
         return Err(invalid(OP, format!("no router for {q}")));
     }
-    if k % be != 0 || (float && (k * bb) % 16 != 0) {
+    if k % be != 0 || (float && (k * bb) % 16 != 0) || (repacked && k % 256 != 0) {
         return Err(invalid(
             OP,
             format!("{k} inputs per row of {q} (float rows must be whole 16-byte vectors)"),
@@ -80,7 +81,11 @@ pub fn check_router(q: Quant, a: &MoeRouterArgs) -> Result<(), CudaError> {
     let acts = if float {
         a.x.len() >= nk && a.x.raw() % 16 == 0 && a.w.raw() % 16 == 0
     } else {
-        a.xq.len() >= nk && a.xds.len() >= nk / 16 && a.xq.raw() % 16 == 0 && a.w.raw() % 2 == 0
+        let w_align = if repacked { 16 } else { 2 };
+        a.xq.len() >= nk
+            && a.xds.len() >= nk / 16
+            && a.xq.raw() % 16 == 0
+            && a.w.raw() % w_align == 0
     };
     if a.w.len() < w_need
         || !acts

@@ -77,7 +77,10 @@ pub fn decode_quants(router: Quant, gate: Quant, up: Quant, down: Quant) -> Opti
             Quant::Q8_0 | Quant::Q4_0 | Quant::Q5_0 | Quant::Q4K | Quant::Q6K
         )
     };
-    let router_ok = matches!(router, Quant::F32 | Quant::F16 | Quant::Bf16 | Quant::Q8_0);
+    let router_ok = matches!(
+        router,
+        Quant::F32 | Quant::F16 | Quant::Bf16 | Quant::Q8_0 | Quant::Q8_0R
+    );
     (router_ok && gate == up && block(gate) && block(down)).then_some([router, gate, down])
 }
 

@@ -185,9 +185,10 @@ mod tests {
                 .collect();
             assert_eq!(got, want, "{ty:?}");
         }
-        // q4_0r / q4_kr: the kernel's row / block arithmetic over the repacked bytes
+        // q8_0r / q4_0r / q4_kr: the kernel's row / block arithmetic over the repacked bytes
         type Model = fn(&[u8], usize, usize) -> [f32; 8];
-        let repacked: [(GgmlType, Split, Model); 2] = [
+        let repacked: [(GgmlType, Split, Model); 3] = [
+            (GgmlType::Q8_0, repack::Q8_0, group_q8_0r),
             (GgmlType::Q4_0, repack::Q4_0, group_q4_0r),
             (GgmlType::Q4K, repack::Q4_K, group_q4_kr),
         ];
@@ -242,6 +243,17 @@ mod tests {
         let (rw, bi) = (blk / nb, blk % nb);
         let row = rw * nb * 144;
         q4k_group(w, row + 128 * nb + 16 * bi, row + 128 * bi, g & 31)
+    }
+
+    /// The q8_0r branch of the kernel: group `g` of a repacked matrix of `cols`-value rows.
+    fn group_q8_0r(w: &[u8], cols: usize, g: usize) -> [f32; 8] {
+        let nb = cols >> 5;
+        let blk = g >> 2;
+        let (r, bi) = (blk / nb, blk % nb);
+        let rp = r * nb * 34;
+        let d = h(w, rp + 32 * nb + 2 * bi);
+        let x = ld8(w, rp + 32 * bi + (g & 3) * 8);
+        std::array::from_fn(|i| d * (x[i] as u8 as i8) as f32)
     }
 
     /// The q4_0r branch of the kernel: group `g` of a repacked matrix of `cols`-value rows.

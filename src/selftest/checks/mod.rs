@@ -40,6 +40,7 @@ pub(super) fn source_type(q: Quant) -> Option<(GgmlType, bool)> {
         Quant::F16 => (GgmlType::F16, false),
         Quant::Bf16 => (GgmlType::BF16, false),
         Quant::Q8_0 => (GgmlType::Q8_0, false),
+        Quant::Q8_0R => (GgmlType::Q8_0, true),
         Quant::Q4_0 => (GgmlType::Q4_0, false),
         Quant::Q4_0R => (GgmlType::Q4_0, true),
         Quant::Q5_0 => (GgmlType::Q5_0, false),

@@ -1,6 +1,6 @@
 //! The fused MoE decode kernels (`backend::cuda::moe_decode`), each against a host reference
 //! built from the CPU primitives:
-//! - `moe_router` (F32 / F16 / BF16 / Q8_0 routers): logits vs `ops::qdot::gemv_ref` (f64) over
+//! - `moe_router` (F32 / F16 / BF16 / Q8_0 routers, Q8_0 also repacked): logits vs `ops::qdot::gemv_ref` (f64) over
 //!   the f32 activations (the int8 side-car's values for Q8_0); expert ids (exact) and weights vs
 //!   `backend::cpu::route` of the kernel's own logits (so a near-tie cannot make the check
 //!   flaky); the arrival counters are zero after the launch, and a second launch routes again.
@@ -106,7 +106,9 @@ impl KernelCheck for MoeRouterCheck {
     }
     fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
         let q = spec.key.quant;
-        let ty = ggml(q).ok_or_else(|| invalid(format!("no GGML type for {q}")))?;
+        // q8_0r: Q8_0 weights, repacked as the upload does (rows of whole 256-element groups)
+        let (ty, _) =
+            super::source_type(q).ok_or_else(|| invalid(format!("no GGML type for {q}")))?;
         let int8 = ty.block().0 > 1;
         let kn = kern(cx, spec)?;
         let pool = pool(cx);
@@ -124,6 +126,7 @@ impl KernelCheck for MoeRouterCheck {
             let x = uniform(&mut cx.rng, n * k, -1.0, 1.0);
             let (xq, xds, xv) = side_car(&x)?;
             let want_logits = gemv_ref(ty, &w, e, k, if int8 { &xv } else { &x }).map_err(qerr)?;
+            let w = super::device_layout(q, w, k).map_err(invalid)?;
             let (bw, bx, bq, bd) = (
                 pool.upload(&w)?,
                 pool.upload(&x)?,

@@ -43,6 +43,7 @@ pub(crate) fn has_pipe(q: Quant) -> bool {
         q,
         Quant::Bf16
             | Quant::Q8_0
+            | Quant::Q8_0R
             | Quant::Q4_0
             | Quant::Q4_0R
             | Quant::Q5_0

@@ -1,8 +1,8 @@
 //! Weight upload: checkpoint tensors to the device in their stored format (GGUF blocks and
 //! F32/F16/BF16 elements as they are), with host conversion only where no kernel reads the
 //! format: other GGML block types become F16, block-scaled FP8 becomes BF16 (no FP8 GEMV yet),
-//! 1-D weights (norms, scalars) become f32. NVFP4 is refused. Q4_0 / Q4_K matrices whose rows are
-//! whole 256-element groups are repacked within each row on the way (`q4_0r`, `q4_kr`,
+//! 1-D weights (norms, scalars) become f32. NVFP4 is refused. Q8_0 / Q4_0 / Q4_K matrices whose rows
+//! are whole 256-element groups are repacked within each row on the way (`q8_0r`, `q4_0r`, `q4_kr`,
 //! src/quant/repack.rs: the same bytes, so no second copy; `FUCINA_REPACK=0` keeps the GGUF
 //! layout).
 
@@ -25,7 +25,7 @@ use crate::weights::{TensorFormat, TensorRef};
 pub(crate) enum Plan {
     /// Bytes as they are, read by kernels of this format.
     AsIs(Quant),
-    /// GGUF block rows repacked on the host into this repacked format (`q4_0r`, `q4_kr`: same
+    /// GGUF block rows repacked on the host into this repacked format (`q8_0r`, `q4_0r`, `q4_kr`: same
     /// length, src/quant/repack.rs), slab by slab.
     Repack(Quant),
     /// Dequantised on the host, stored as F16 (GGML types without kernels).
@@ -59,8 +59,8 @@ pub(crate) fn repack_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("FUCINA_REPACK").map_or(true, |v| v != "0"))
 }
 
-/// The storage plan of a tensor of `format` and `shape`; `repack`: Q4_0 / Q4_K matrices (2-D,
-/// rows of whole 256-element groups) become `q4_0r` / `q4_kr`. Expert banks (3-D) keep their layout: the MoE
+/// The storage plan of a tensor of `format` and `shape`; `repack`: Q8_0 / Q4_0 / Q4_K matrices
+/// (2-D, rows of whole 256-element groups) become `q8_0r` / `q4_0r` / `q4_kr`. Expert banks (3-D) keep their layout: the MoE
 /// kernels read GGUF blocks.
 pub(crate) fn plan(format: TensorFormat, shape: &[usize], repack: bool) -> Plan {
     if format == TensorFormat::NvFp4 {
@@ -330,8 +330,7 @@ mod tests {
         let q8 = TensorFormat::Ggml(GgmlType::Q8_0);
         let qk = TensorFormat::Ggml(GgmlType::Q4K);
         assert_eq!(plan(qk, &[4, 4096], true), Plan::Repack(Quant::Q4KR));
-        // Q8_0: the staged GEMV is as fast (q8_0r measured 330 vs 334 tok/s, not kept)
-        assert_eq!(plan(q8, &[4, 3840], true), Plan::AsIs(Quant::Q8_0));
+        assert_eq!(plan(q8, &[4, 3840], true), Plan::Repack(Quant::Q8_0R));
         assert_eq!(plan(q8, &[4, 96], true), Plan::AsIs(Quant::Q8_0));
         assert_eq!(plan(q4, &[4, 256], false), Plan::AsIs(Quant::Q4_0));
         assert_eq!(plan(q4, &[4, 640], true), Plan::AsIs(Quant::Q4_0));
