@@ -497,8 +497,9 @@ const GLU_WARPS: u32 = 8;
 /// kernel's early blocks. Measured on the H200 (decode tok/s, prompt 16, against the GEMV +
 /// GLU pair): Qwen3-8B Q4_0 (384 blocks, 72 registers, 3 per SM) 8 warps +2.6%, 5-7 or 9
 /// warps -1% to +1%; Gemma 4 12B Q4_0 (480 blocks, two waves) -7%, and -3.5% in one wave of
-/// a 64-register build; Q4_K (119 registers, 2 per SM, two waves) -4%. So on the H200 only
-/// Qwen3-8B's Q4_0 gate|up takes the entry.
+/// a 64-register build; Q4_K (119 registers, 2 per SM, two waves) -4%; Qwen3-8B Q8_0 (q8_0r,
+/// 64 registers, 4 per SM) +4.2%. So on the H200 Qwen3-8B's Q4_0 and Q8_0 gate|up take the
+/// entry, Gemma 4 12B's (ff 15360) and Q4_K ones do not.
 fn glu_one_wave(blocks: u32, sms: u32, occupancy: u32) -> bool {
     occupancy * sms >= blocks
 }
