@@ -117,8 +117,8 @@ impl CudaBackend {
         Ok(GpuTensor::new(y, n, out))
     }
 
-    /// `act(x Wg^T) * (x Wu^T)` of a fused gate|up weight. One row against a repacked Q4_0 /
-    /// Q4_K weight (q4_0r / q4_kr, `2 ff` rows, ff a multiple of 32) whose ff / 32 blocks fit
+    /// `act(x Wg^T) * (x Wu^T)` of a fused gate|up weight. One row against a repacked Q8_0 /
+    /// Q4_0 / Q4_K weight (q8_0r / q4_0r / q4_kr, `2 ff` rows, ff a multiple of 32) whose ff / 32 blocks fit
     /// the GPU at once runs the batch-1 GEMV's `__glu` entry: the GEMV, the GLU and the int8
     /// side-car of h in one launch, the same values as `linear` then `glu_fused`. Anything else
     /// (or `FUCINA_GEMV_GLU=0`) runs those two.
