@@ -105,6 +105,39 @@ pub fn attn_prep_composed<B: Backend + ?Sized>(
     Ok(q)
 }
 
+/// What reads the normed row in [`Backend::linear_add_rms_norm_then`].
+pub enum NormNext<'a, W> {
+    /// `linear_glu(n, w, act)` of a fused `[gate; up]` weight: one output.
+    Glu(&'a W, Activation),
+    /// `linear(n, w)` of each weight (e.g. the q, k and v projections): one output each.
+    Linear(&'a [&'a W]),
+}
+
+/// [`Backend::linear_add_rms_norm_then`] composed of the plain ops (the trait's default; public
+/// so a backend overriding it can be checked against it): `linear`, `add_rms_norm` over the
+/// whole row, then `next`'s ops on the normed row.
+pub fn linear_add_rms_norm_then_composed<B: Backend + ?Sized>(
+    be: &B,
+    x: &B::Tensor,
+    w: &B::Weight,
+    h: &B::Tensor,
+    norm: Norm<'_, B::Tensor>,
+    eps: f32,
+    next: &NormNext<'_, B::Weight>,
+) -> Result<(B::Tensor, Vec<B::Tensor>)> {
+    let y = be.linear(x, w)?;
+    let dim = be.dims(&y).1;
+    let (s, n) = be.add_rms_norm(h, &y, norm, eps, dim)?;
+    let outs = match next {
+        NormNext::Glu(g, act) => vec![be.linear_glu(&n, g, *act)?],
+        NormNext::Linear(ws) => ws
+            .iter()
+            .map(|w| be.linear(&n, w))
+            .collect::<Result<Vec<_>>>()?,
+    };
+    Ok((s, outs))
+}
+
 /// Rotary embedding parameters for one layer (positions are passed per call).
 #[derive(Debug, Clone)]
 pub struct Rope {
@@ -375,6 +408,23 @@ pub trait Backend: Send + Sync + 'static {
         let s = self.add(h, y)?;
         let n = self.rms_norm(&s, w, eps, dim)?;
         Ok((s, n))
+    }
+    /// A branch's output projection, the residual add, the next RMSNorm over the whole row and
+    /// what reads it, as one op: `s = h + x w^T`, `n = rms_norm(s)`, returns `(s, next(n))`
+    /// (a decoder's o_proj or down projection, the add, the next norm and the gate|up or q/k/v
+    /// projections). Default: [`linear_add_rms_norm_then_composed`]. A backend may hand the
+    /// norm over deferred (the CUDA decode GEMVs: the projections scale their dots by the
+    /// norm's rstd); the results are the same values up to rounding.
+    fn linear_add_rms_norm_then(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        h: &Self::Tensor,
+        norm: Norm<'_, Self::Tensor>,
+        eps: f32,
+        next: &NormNext<'_, Self::Weight>,
+    ) -> Result<(Self::Tensor, Vec<Self::Tensor>)> {
+        linear_add_rms_norm_then_composed(self, x, w, h, norm, eps, next)
     }
     /// A residual add with a norm on each side in one op:
     /// `s = (h + rms_norm(y, post.norm)) * post.scale`, returns `(s, rms_norm(s, w))`, both norms

@@ -270,3 +270,59 @@ fn moe_routed_default_is_linear_then_moe() {
         assert!(be.moe_routed(&x, &bad, &gate, &up, &down, &p).is_err());
     }
 }
+
+/// `linear_add_rms_norm_then`'s default is `linear`, `add_rms_norm` over the whole row, then
+/// the consumers (`linear_glu`, or `linear` of each weight), bit for bit.
+#[test]
+fn linear_add_rms_norm_then_default_is_the_composition() {
+    use super::{Activation, NormNext};
+    use crate::ops::qdot::random_weights;
+    use crate::quant::GgmlType;
+    use rand::SeedableRng;
+    let be = CpuBackend::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let (k, n, ff) = (64usize, 96usize, 32usize);
+    let ow = random_weights(GgmlType::Q8_0, n, k, &mut rng).unwrap();
+    let gw = random_weights(GgmlType::Q4_0, 2 * ff, n, &mut rng).unwrap();
+    let qw = random_weights(GgmlType::F32, 40, n, &mut rng).unwrap();
+    let o = be.upload(&r(GgmlType::Q8_0, vec![n, k], &ow)).unwrap();
+    let gu = be.upload(&r(GgmlType::Q4_0, vec![2 * ff, n], &gw)).unwrap();
+    let q = be.upload(&r(GgmlType::F32, vec![40, n], &qw)).unwrap();
+    let (x, h, w) = (t(&be, 1, 1, k), t(&be, 2, 1, n), t(&be, 3, 1, n));
+    let (s, outs) = be
+        .linear_add_rms_norm_then(
+            &x,
+            &o,
+            &h,
+            Norm::OnePlus(&w),
+            1e-6,
+            &NormNext::Glu(&gu, Activation::Silu),
+        )
+        .unwrap();
+    let y = be.linear(&x, &o).unwrap();
+    let (s2, nrm) = be.add_rms_norm(&h, &y, Norm::OnePlus(&w), 1e-6, n).unwrap();
+    assert_eq!(s.data, s2.data);
+    assert_eq!(outs.len(), 1);
+    assert_eq!(
+        outs[0].data,
+        be.linear_glu(&nrm, &gu, Activation::Silu).unwrap().data
+    );
+    let (_, outs) = be
+        .linear_add_rms_norm_then(
+            &x,
+            &o,
+            &h,
+            Norm::OnePlus(&w),
+            1e-6,
+            &NormNext::Linear(&[&q, &gu]),
+        )
+        .unwrap();
+    assert_eq!(outs.len(), 2);
+    assert_eq!(outs[0].data, be.linear(&nrm, &q).unwrap().data);
+    assert_eq!(outs[1].data, be.linear(&nrm, &gu).unwrap().data);
+    // a residual of another width is an error
+    let h_bad = t(&be, 2, 1, n + 32);
+    assert!(be
+        .linear_add_rms_norm_then(&x, &o, &h_bad, Norm::None, 1e-6, &NormNext::Linear(&[&q]))
+        .is_err());
+}

@@ -9,6 +9,7 @@ mod backend_glu;
 mod backend_moe;
 mod backend_ops;
 mod backend_prefill;
+mod backend_res;
 mod check;
 mod checks;
 pub mod models;

@@ -23,6 +23,7 @@ mod launch_moe;
 pub mod launch_moe_fused;
 mod launch_prefill;
 mod launch_ptr;
+pub mod launch_res;
 pub mod moe;
 pub mod moe_decode;
 pub mod moe_grouped;

@@ -3,7 +3,7 @@
 //! attention layer (q/k norms, partial RoPE, optional per-head output gate).
 
 use crate::backend::{
-    can_concat, Activation, AttnParams, AttnPrep, Backend, MoeParams, Norm, Rope,
+    can_concat, Activation, AttnParams, AttnPrep, Backend, MoeParams, Norm, NormNext, Rope,
 };
 use crate::bk;
 use crate::model::ModelError;
@@ -40,6 +40,29 @@ impl<B: Backend> NormW<B> {
     }
     pub fn apply(&self, be: &B, x: &B::Tensor) -> R<B::Tensor> {
         bk!(be.rms_norm(x, self.norm(), self.eps, self.dim))
+    }
+    /// `s = h + x w^T` (a branch's output projection and the residual add), this norm of s and
+    /// `next` on the normed row: `(s, next(norm(s)))`, one backend op for a whole-row norm.
+    pub fn linear_add_then(
+        &self,
+        be: &B,
+        (x, w): (&B::Tensor, &B::Weight),
+        h: &B::Tensor,
+        next: &NormNext<'_, B::Weight>,
+    ) -> R<(B::Tensor, Vec<B::Tensor>)> {
+        if be.dims(h).1 == self.dim {
+            return bk!(be.linear_add_rms_norm_then(x, w, h, self.norm(), self.eps, next));
+        }
+        let y = bk!(be.linear(x, w))?;
+        let (s, n) = self.add_apply(be, h, &y)?;
+        let outs = match next {
+            NormNext::Glu(g, act) => vec![bk!(be.linear_glu(&n, g, *act))?],
+            NormNext::Linear(ws) => ws
+                .iter()
+                .map(|w| bk!(be.linear(&n, w)))
+                .collect::<R<Vec<_>>>()?,
+        };
+        Ok((s, outs))
     }
     /// The residual add `h + y` and this norm of the sum: `(h + y, norm(h + y))`.
     pub fn add_apply(&self, be: &B, h: &B::Tensor, y: &B::Tensor) -> R<(B::Tensor, B::Tensor)> {
@@ -125,20 +148,37 @@ impl<B: Backend> Qkv<B> {
 
     /// (q, k, v) projections of `x`.
     pub fn forward(&self, be: &B, x: &B::Tensor) -> R<(B::Tensor, B::Tensor, B::Tensor)> {
+        let outs = self
+            .weights()
+            .into_iter()
+            .map(|w| bk!(be.linear(x, w)))
+            .collect::<R<Vec<_>>>()?;
+        self.split(be, outs)
+    }
+
+    /// The weights whose outputs [`Qkv::split`] takes: the fused one, or q, k and v.
+    pub fn weights(&self) -> Vec<&B::Weight> {
         match self {
-            Qkv::Fused(w, [nq, nk, nv]) => {
-                let y = bk!(be.linear(x, w))?;
-                Ok((
-                    bk!(be.slice_cols(&y, 0, *nq))?,
-                    bk!(be.slice_cols(&y, *nq, *nk))?,
-                    bk!(be.slice_cols(&y, nq + nk, *nv))?,
-                ))
-            }
-            Qkv::Split { q, k, v } => Ok((
-                bk!(be.linear(x, q))?,
-                bk!(be.linear(x, k))?,
-                bk!(be.linear(x, v))?,
+            Qkv::Fused(w, _) => vec![w],
+            Qkv::Split { q, k, v } => vec![q, k, v],
+        }
+    }
+
+    /// (q, k, v) from the projections by [`Qkv::weights`], in that order.
+    pub fn split(&self, be: &B, outs: Vec<B::Tensor>) -> R<(B::Tensor, B::Tensor, B::Tensor)> {
+        let n = outs.len();
+        let mut it = outs.into_iter();
+        match (self, it.next(), it.next(), it.next()) {
+            (Qkv::Fused(_, [nq, nk, nv]), Some(y), None, None) => Ok((
+                bk!(be.slice_cols(&y, 0, *nq))?,
+                bk!(be.slice_cols(&y, *nq, *nk))?,
+                bk!(be.slice_cols(&y, nq + nk, *nv))?,
             )),
+            (Qkv::Split { .. }, Some(q), Some(k), Some(v)) => Ok((q, k, v)),
+            _ => Err(ModelError::Other(format!(
+                "{n} projections for {} q/k/v weights",
+                self.weights().len()
+            ))),
         }
     }
 }
@@ -233,9 +273,22 @@ impl<B: Backend> AttentionLayer<B> {
         cache: &mut B::KvCache,
         pos0: usize,
     ) -> R<B::Tensor> {
+        let (qf, k, v) = self.qkv.forward(be, x)?;
+        let a = self.attend(be, (qf, k, v), cache, pos0)?;
+        bk!(be.linear(&a, &self.o))
+    }
+
+    /// The layer from its q/k/v projections to the input of `o_proj`: q/k norms, RoPE, the
+    /// cache write, attention and the output gate.
+    pub fn attend(
+        &self,
+        be: &B,
+        (qf, mut k, v): (B::Tensor, B::Tensor, B::Tensor),
+        cache: &mut B::KvCache,
+        pos0: usize,
+    ) -> R<B::Tensor> {
         let p = &self.params;
         let hd = p.head_dim;
-        let (qf, mut k, v) = self.qkv.forward(be, x)?;
         let (q, gate) = if self.gated {
             let mut parts = bk!(be.split_heads(&qf, p.n_heads, &[hd, hd]))?;
             let g = parts.pop();
@@ -279,6 +332,6 @@ impl<B: Backend> AttentionLayer<B> {
         if let Some(g) = gate {
             a = bk!(be.sigmoid_gate(&a, &g))?;
         }
-        bk!(be.linear(&a, &self.o))
+        Ok(a)
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Activation, AttnParams, Backend, KvShape, MoeParams, Rope};
+use crate::backend::{Activation, AttnParams, Backend, KvShape, MoeParams, NormNext, Rope};
 use crate::bk;
 use crate::engine::SamplingParams;
 use crate::model::common::prefill_chunk;
@@ -40,6 +40,43 @@ struct Layer<B: Backend> {
     mixer: MixerW<B>,
     post_norm: NormW<B>,
     ffn: Ffn<B>,
+}
+
+/// What the residual stream still has to add.
+enum Pending<'w, B: Backend> {
+    /// A branch output.
+    Y(B::Tensor),
+    /// A branch's last input and its output projection (o_proj, down): applied together with
+    /// the add and the next norm where that norm feeds projections.
+    Proj(B::Tensor, &'w B::Weight),
+}
+
+impl<B: Backend> Pending<'_, B> {
+    /// The branch output.
+    fn output(self, be: &B) -> R<B::Tensor> {
+        match self {
+            Pending::Y(y) => Ok(y),
+            Pending::Proj(x, w) => bk!(be.linear(&x, w)),
+        }
+    }
+}
+
+/// `norm(h + pending)` (h updated to the sum), or `norm(h)` with nothing pending.
+fn norm_pending<B: Backend>(
+    be: &B,
+    norm: &NormW<B>,
+    h: &mut B::Tensor,
+    pending: Option<Pending<'_, B>>,
+) -> R<B::Tensor> {
+    match pending {
+        None => norm.apply(be, h),
+        Some(p) => {
+            let y = p.output(be)?;
+            let (s, x) = norm.add_apply(be, h, &y)?;
+            *h = s;
+            Ok(x)
+        }
+    }
 }
 
 /// A loaded Qwen-family model.
@@ -422,41 +459,91 @@ impl<B: Backend> QwenSession<B> {
         bk!(be.begin_forward(tokens, pos0))?;
         let mut h = bk!(be.embed(&m.embed, tokens, 1.0))?;
         // The residual stream is h + y: every add is fused with the norm that follows it (the
-        // post-attention norm, the next layer's input norm, the final norm).
-        let mut pending: Option<B::Tensor> = None;
+        // post-attention norm, the next layer's input norm, the final norm), and where the
+        // branch ends in a projection (o_proj, down) and the norm feeds projections (gate|up,
+        // q/k/v), with those too (`Backend::linear_add_rms_norm_then`).
+        let mut pending: Option<Pending<'_, B>> = None;
         for (layer, st) in m.layers.iter().zip(states.iter_mut()) {
-            let x = match pending.take() {
-                None => layer.attn_norm.apply(be, &h)?,
-                Some(y) => {
-                    let (s, x) = layer.attn_norm.add_apply(be, &h, &y)?;
-                    h = s;
-                    x
+            let branch = match (&layer.mixer, st) {
+                (MixerW::Attn(a), LayerState::Kv(c)) => {
+                    let qkv = match pending.take() {
+                        Some(Pending::Proj(xin, w)) => {
+                            let ws = a.qkv.weights();
+                            let (s, outs) = layer.attn_norm.linear_add_then(
+                                be,
+                                (&xin, w),
+                                &h,
+                                &NormNext::Linear(&ws),
+                            )?;
+                            h = s;
+                            a.qkv.split(be, outs)?
+                        }
+                        p => {
+                            let x = norm_pending(be, &layer.attn_norm, &mut h, p)?;
+                            a.qkv.forward(be, &x)?
+                        }
+                    };
+                    Pending::Proj(a.attend(be, qkv, c, pos0)?, &a.o)
                 }
-            };
-            let y = match (&layer.mixer, st) {
-                (MixerW::Attn(a), LayerState::Kv(c)) => a.forward(be, &x, c, pos0)?,
-                (MixerW::Gdn(g), LayerState::Gdn(s)) => g.forward(be, &x, s)?,
+                (MixerW::Gdn(g), LayerState::Gdn(s)) => {
+                    let x = norm_pending(be, &layer.attn_norm, &mut h, pending.take())?;
+                    Pending::Y(g.forward(be, &x, s)?)
+                }
                 _ => {
                     return Err(ModelError::Other(
                         "layer state does not match its mixer".into(),
                     ))
                 }
             };
-            // a MoE block may take the residual add and its norm into its router (one launch)
-            if let Ffn::Moe(moe) = &layer.ffn {
-                if let Some((s, out)) = moe.add_norm_forward(be, &layer.post_norm, &h, &y)? {
+            let d = match &layer.ffn {
+                Ffn::Dense(d) => d,
+                Ffn::Moe(moe) => {
+                    let y = branch.output(be)?;
+                    // a MoE block may take the residual add and its norm into its router (one
+                    // launch)
+                    if let Some((s, out)) = moe.add_norm_forward(be, &layer.post_norm, &h, &y)? {
+                        h = s;
+                        pending = Some(Pending::Y(out));
+                        continue;
+                    }
+                    let (s, x) = layer.post_norm.add_apply(be, &h, &y)?;
                     h = s;
-                    pending = Some(out);
+                    pending = Some(Pending::Y(moe.forward(be, &x)?));
                     continue;
                 }
-            }
-            let (s, x) = layer.post_norm.add_apply(be, &h, &y)?;
-            h = s;
-            pending = Some(match &layer.ffn {
-                Ffn::Dense(d) => d.forward(be, &x)?,
-                Ffn::Moe(moe) => moe.forward(be, &x)?,
-            });
+            };
+            let g = match branch {
+                Pending::Proj(xin, w) => {
+                    let next = match &d.gate_up {
+                        GateUp::Fused(gu) => NormNext::Glu(gu, d.act),
+                        GateUp::Split { gate, up } => NormNext::Linear(&[gate, up]),
+                    };
+                    let (s, mut outs) =
+                        layer.post_norm.linear_add_then(be, (&xin, w), &h, &next)?;
+                    h = s;
+                    match (&next, outs.len()) {
+                        (NormNext::Glu(..), 1) => outs.pop().expect("one output"),
+                        (NormNext::Linear(_), 2) => {
+                            let u = outs.pop().expect("two outputs");
+                            let gt = outs.pop().expect("two outputs");
+                            bk!(be.glu(&gt, &u, d.act))?
+                        }
+                        (_, n) => {
+                            return Err(ModelError::Other(format!(
+                                "{n} outputs of the gate/up projections"
+                            )))
+                        }
+                    }
+                }
+                Pending::Y(y) => {
+                    let (s, x) = layer.post_norm.add_apply(be, &h, &y)?;
+                    h = s;
+                    d.gate_up.forward(be, &x, d.act)?
+                }
+            };
+            pending = Some(Pending::Proj(g, &d.down));
         }
+        let pending = pending.map(|p| p.output(be)).transpose()?;
         // only the last row reaches the head unless every row's logits are asked for (rows are
         // independent here: slicing h and y first equals slicing their sum)
         let last = |t: &B::Tensor| -> R<B::Tensor> { Ok(bk!(be.slice_rows(t, n - 1, 1))?) };

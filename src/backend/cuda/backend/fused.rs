@@ -23,7 +23,11 @@ fn shape(op: &'static str, detail: String) -> BackendError {
 }
 
 /// The pointer form of a norm weight, checked to hold `dim` values.
-fn norm_ptr(op: &'static str, n: &Norm<'_, GpuTensor>, dim: usize) -> Result<NormWeightPtr> {
+pub(super) fn norm_ptr(
+    op: &'static str,
+    n: &Norm<'_, GpuTensor>,
+    dim: usize,
+) -> Result<NormWeightPtr> {
     let p = match n {
         Norm::Plain(t) => NormWeightPtr::Plain(t.ptr()),
         Norm::OnePlus(t) => NormWeightPtr::OnePlus(t.ptr()),

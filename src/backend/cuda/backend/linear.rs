@@ -144,23 +144,12 @@ impl CudaBackend {
     ) -> Result<Option<GpuTensor>> {
         let v = w.matrix()?;
         let (k, ff) = (x.cols, v.rows / 2);
-        let fits = crate::quant::repack::source_of(v.quant).is_some_and(|(_, s)| s.fits(k));
-        if x.rows != 1 || v.cols != k || v.rows % 2 != 0 || ff % 32 != 0 || ff == 0 || !fits {
+        if x.rows != 1 {
             return Ok(None);
         }
-        if !gemv_glu_enabled() {
-            return Ok(None);
-        }
-        let Ok(e) = self.kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "glu") else {
+        let Some(e) = self.glu_entry(k, &v) else {
             return Ok(None);
         };
-        if self
-            .dev
-            .gemv_glu_warps(&e, (ff / 32) as u32, self.sms)
-            .is_none()
-        {
-            return Ok(None);
-        }
         // the input's int8 side-car: its producer's, or quantised here (kept until launched)
         let own;
         let (xq, xds) = match x.q8.as_ref().filter(|s| s.len == k) {
@@ -194,6 +183,31 @@ impl CudaBackend {
             self.sms,
         )?;
         Ok(Some(h.with_q8(Some(side))))
+    }
+
+    /// The `__glu` entry a one-row input of `k` values against the fused gate|up weight `v`
+    /// runs through, None where [`Self::gemv_glu`] does not apply (not a repacked format of
+    /// whole rows of `k`, ff not a multiple of 32, its ff / 32 blocks not all resident at once,
+    /// or `FUCINA_GEMV_GLU=0`).
+    pub(super) fn glu_entry(
+        &self,
+        k: usize,
+        v: &super::super::types::WeightView,
+    ) -> Option<super::super::launch_prefill::KernEntry> {
+        let ff = v.rows / 2;
+        let fits = crate::quant::repack::source_of(v.quant).is_some_and(|(_, s)| s.fits(k));
+        if v.cols != k || v.rows % 2 != 0 || ff % 32 != 0 || ff == 0 || !fits {
+            return None;
+        }
+        if !gemv_glu_enabled() {
+            return None;
+        }
+        let e = self
+            .kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "glu")
+            .ok()?;
+        self.dev
+            .gemv_glu_warps(&e, (ff / 32) as u32, self.sms)
+            .map(|_| e)
     }
 
     /// `rows` (1..=8) rows of `x` against `w` (`[out, k]` of `q`) through the GEMV bucket.

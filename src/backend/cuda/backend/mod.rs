@@ -13,6 +13,7 @@ mod elementwise;
 mod fused;
 mod linear;
 mod linear_pipe;
+mod linear_res;
 mod moe;
 mod step;
 mod weights;
@@ -389,6 +390,17 @@ impl Backend for CudaBackend {
         self.glu_fused_impl(x, act)
     }
 
+    fn linear_add_rms_norm_then(
+        &self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        h: &GpuTensor,
+        norm: Norm<'_, GpuTensor>,
+        eps: f32,
+        next: &crate::backend::NormNext<'_, GpuWeight>,
+    ) -> Result<(GpuTensor, Vec<GpuTensor>)> {
+        self.linear_add_rms_norm_then_impl(x, w, h, norm, eps, next)
+    }
     fn linear_glu(&self, x: &GpuTensor, w: &GpuWeight, act: Activation) -> Result<GpuTensor> {
         self.linear_glu_impl(x, w, act)
     }

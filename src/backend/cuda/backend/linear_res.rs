@@ -1,0 +1,233 @@
+//! `linear_add_rms_norm_then` on the device: a decode row's output projection, the residual
+//! add, the next RMSNorm and the projections that read it, with the norm handed over deferred.
+//!
+//! One row against repacked weights (q4_0r / q8_0r / q4_kr, whole 256-element rows, outputs a
+//! multiple of 32) runs the GEMV's `__res` entry (the projection, the add, the norm weight
+//! applied and quantised, the sums of squares per 32) and then the consumers through the `__rs`
+//! entry, which scales its dots by the norm's rstd (a gate|up then runs the GLU kernel). No
+//! launch computes the norm itself. The normed row differs from `add_rms_norm`'s in rounding
+//! only (its int8 blocks are those of s * w, times rstd).
+//!
+//! Where it is taken by default is measured ([`defer_by_default`]): after q4_kr projections,
+//! not where the gate|up GEMV runs as one `__glu` launch. `FUCINA_DEFER_NORM=0` / `=1`
+//! overrides. Anything the kernels do not take runs the composition (`linear`, `add_rms_norm`,
+//! the consumers).
+
+use super::super::launch_res::{res_warps, GemvResArgs, RsArgs};
+use super::super::types::{GpuTensor, GpuWeight};
+use super::linear::slice;
+use super::CudaBackend;
+use crate::backend::{
+    linear_add_rms_norm_then_composed, Activation, BackendError, Norm, NormNext, Result,
+};
+use crate::kernels::{BatchBucket, Op, Quant};
+
+/// `FUCINA_DEFER_NORM` (read once; for A/B runs): `0` never defers, `1` defers wherever the
+/// kernels apply, unset: [`defer_by_default`].
+fn defer_env() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("FUCINA_DEFER_NORM").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    })
+}
+
+/// Whether the norm is deferred by default, from measurements (H200, Qwen3-8B decode, session
+/// 14, `docs/measurements/session14-h200-2026-11-30.md`): only after a q4_kr projection
+/// (Q4_K_M: +1.5% at prompt 512, three runs each; +1.6% / +2.5% at prompt 16), and not where the
+/// gate|up runs as one `__glu` launch (deferred, that launch ran Q8_0 15% and Q4_0 2% slower).
+/// After q8_0r and q4_0r projections the deferred q/k/v measured within noise or mixed (Q8_0
+/// +1.5% at prompt 16, -0.3% at 512; Q4_0 +1.5% and -1.3% in two builds).
+fn defer_by_default(producer: Quant, glu_launch: bool) -> bool {
+    !glu_launch && producer == Quant::Q4KR
+}
+
+fn shape(detail: String) -> BackendError {
+    BackendError::Shape {
+        op: "linear_add_rms_norm_then",
+        detail,
+    }
+}
+
+/// Whether `q` is a repacked format whose rows of `k` its GEMV takes.
+fn repacked_fits(q: Quant, k: usize) -> bool {
+    crate::quant::repack::source_of(q).is_some_and(|(_, s)| s.fits(k))
+}
+
+impl CudaBackend {
+    pub(super) fn linear_add_rms_norm_then_impl(
+        &self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        h: &GpuTensor,
+        norm: Norm<'_, GpuTensor>,
+        eps: f32,
+        next: &NormNext<'_, GpuWeight>,
+    ) -> Result<(GpuTensor, Vec<GpuTensor>)> {
+        let glu_launch = match next {
+            NormNext::Glu(g, _) => self.glu_entry(h.cols, &g.matrix()?).is_some(),
+            NormNext::Linear(_) => false,
+        };
+        let producer = w.matrix()?.quant;
+        if defer_env().unwrap_or_else(|| defer_by_default(producer, glu_launch)) {
+            if let Some(r) = self.deferred_norm(x, w, h, &norm, eps, next)? {
+                return Ok(r);
+            }
+        }
+        linear_add_rms_norm_then_composed(self, x, w, h, norm, eps, next)
+    }
+
+    /// The deferred form of [`Self::linear_add_rms_norm_then_impl`] (whatever the policy
+    /// there says), None where it does not apply (nothing launched then).
+    pub(crate) fn deferred_norm(
+        &self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        h: &GpuTensor,
+        norm: &Norm<'_, GpuTensor>,
+        eps: f32,
+        next: &NormNext<'_, GpuWeight>,
+    ) -> Result<Option<(GpuTensor, Vec<GpuTensor>)>> {
+        let v = w.matrix()?;
+        let (k, n) = (x.cols, v.rows);
+        if x.rows != 1
+            || h.rows != 1
+            || h.cols != n
+            || v.cols != k
+            || n == 0
+            || n % 32 != 0
+            || !repacked_fits(v.quant, k)
+        {
+            return Ok(None);
+        }
+        // every consumer a repacked GEMV over the n values
+        let consumers: Vec<&GpuWeight> = match next {
+            NormNext::Glu(g, _) => vec![*g],
+            NormNext::Linear(ws) => ws.to_vec(),
+        };
+        let mut views = Vec::with_capacity(consumers.len());
+        for c in &consumers {
+            let cv = c.matrix()?;
+            let odd_glu = matches!(next, NormNext::Glu(..)) && cv.rows % 2 != 0;
+            if cv.cols != n || !repacked_fits(cv.quant, n) || odd_glu {
+                return Ok(None);
+            }
+            views.push(cv);
+        }
+        let Ok(res) = self.kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "res") else {
+            return Ok(None);
+        };
+        let mut rs_entries = Vec::with_capacity(views.len());
+        for cv in &views {
+            let Ok(e) = self.kern_entry_at(Op::Gemv, cv.quant, BatchBucket::B1, "rs") else {
+                return Ok(None);
+            };
+            rs_entries.push(e);
+        }
+        let norm = super::fused::norm_ptr("linear_add_rms_norm_then", norm, n)?;
+
+        // the input's int8 side-car: its producer's, or quantised here (kept until launched)
+        let own;
+        let (xq, xds) = match x.q8.as_ref().filter(|s| s.len == k) {
+            Some(s) => s.ptrs(),
+            None => {
+                own = self
+                    .q8_side(1, k)?
+                    .ok_or_else(|| shape(format!("no side-car for {k} values")))?;
+                let qk = self.kern(Op::QuantizeQ8, Quant::F32, BatchBucket::Any)?;
+                self.dev.quantize_q8_ptr(&qk, x.ptr(), own.q(), own.ds())?;
+                own.ptrs()
+            }
+        };
+        let s = self.alloc_tensor(1, n)?;
+        let z = self
+            .q8_side(1, n)?
+            .ok_or_else(|| shape(format!("no side-car for {n} values")))?;
+        let part_buf = self.pool.alloc(n / 32 * 4)?;
+        let part = slice(part_buf.f32(), n / 32)?;
+        self.dev.gemv_res_ptr(
+            &res,
+            &GemvResArgs {
+                w: v.data,
+                xq,
+                xds,
+                hres: h.ptr(),
+                s: s.ptr(),
+                norm,
+                zq: z.q(),
+                zds: z.ds(),
+                part,
+                n,
+                k,
+            },
+            res_warps(),
+        )?;
+        let rs = RsArgs { part, eps };
+
+        let outs = match next {
+            NormNext::Glu(_, act) => {
+                vec![self.deferred_glu(&views[0], &rs_entries[0], &z, rs, *act)?]
+            }
+            NormNext::Linear(_) => {
+                let mut outs = Vec::with_capacity(views.len());
+                for (cv, e) in views.iter().zip(&rs_entries) {
+                    let y = self.alloc_tensor(1, cv.rows)?;
+                    self.dev.gemv_rs_ptr(
+                        e,
+                        cv.data,
+                        (z.q(), z.ds()),
+                        y.ptr(),
+                        (cv.rows, n),
+                        &rs,
+                        self.sms,
+                    )?;
+                    outs.push(y);
+                }
+                outs
+            }
+        };
+        Ok(Some((s, outs)))
+    }
+
+    /// `act(gate n) * up n` of a fused gate|up weight over a deferred norm (`z`, `rs`): the
+    /// `__rs` GEMV, then the GLU kernel.
+    fn deferred_glu(
+        &self,
+        gv: &super::super::types::WeightView,
+        rs_entry: &super::super::launch_prefill::KernEntry,
+        z: &super::super::types::Q8Side,
+        rs: RsArgs,
+        act: Activation,
+    ) -> Result<GpuTensor> {
+        if gv.rows % 2 != 0 {
+            return Err(shape(format!("{} gate|up rows", gv.rows)));
+        }
+        let y = self.alloc_tensor(1, gv.rows)?;
+        self.dev.gemv_rs_ptr(
+            rs_entry,
+            gv.data,
+            (z.q(), z.ds()),
+            y.ptr(),
+            (gv.rows, z.len),
+            &rs,
+            self.sms,
+        )?;
+        self.glu_fused_impl(&y, act)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default follows the measurements: after a q4_kr projection, a gate|up only where it
+    /// is not one `__glu` launch; nothing after q4_0r / q8_0r projections.
+    #[test]
+    fn defers_where_measured() {
+        assert!(defer_by_default(Quant::Q4KR, false));
+        assert!(!defer_by_default(Quant::Q4KR, true));
+        assert!(!defer_by_default(Quant::Q8_0R, false));
+        assert!(!defer_by_default(Quant::Q4_0R, false));
+    }
+}

@@ -1,0 +1,202 @@
+//! Typed launches of the deferred-norm GEMV entries of the batch-1 repacked GEMV
+//! (`lib/gemv_repacked`): `__res` (the producer: a projection, the residual add, the next norm's
+//! weight applied and quantised, and the sum of squares in partial sums) and `__rs` (a
+//! consumer: the main entry scaling its dots by that norm's rstd). The `__glu` entry takes the
+//! same [`RsArgs`] (`gemv_glu_ptr`). Shapes are validated against the buffers (errors, never
+//! panics).
+
+use cudarc::driver::LaunchConfig;
+
+use super::buf::DevPtr;
+use super::error::CudaError;
+use super::launch_linear::gemv_default_grid;
+use super::launch_prefill::KernEntry;
+use super::launch_ptr::{expect, int, invalid, NormWeightPtr};
+use super::CudaDevice;
+use crate::kernels::Op;
+
+/// A norm handed over deferred: the partial sums of squares its `__res` launch wrote (one per
+/// 32 values of the row) and its eps.
+#[derive(Debug, Clone, Copy)]
+pub struct RsArgs {
+    pub part: DevPtr<f32>,
+    pub eps: f32,
+}
+
+impl RsArgs {
+    /// The row length the partial sums cover.
+    pub fn dim(&self) -> usize {
+        32 * self.part.len()
+    }
+}
+
+/// Pointers of one [`CudaDevice::gemv_res_ptr`] launch: `w` `[n, k]` repacked, the input's int8
+/// side-car, the residual `hres` and the sum `s` (`[n]`), the norm weight, and the deferred norm
+/// (`zq` / `zds`: the int8 side-car of s times the weight; `part`: n / 32 sums of squares).
+pub struct GemvResArgs {
+    pub w: DevPtr<u8>,
+    pub xq: DevPtr<i8>,
+    pub xds: DevPtr<f32>,
+    pub hres: DevPtr<f32>,
+    pub s: DevPtr<f32>,
+    pub norm: NormWeightPtr,
+    pub zq: DevPtr<i8>,
+    pub zds: DevPtr<f32>,
+    pub part: DevPtr<f32>,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// Warps per block of a `__res` launch (32 rows a block: one two-row step each).
+/// `FUCINA_RES_WARPS=N` (1..=16) overrides it, for tuning.
+pub fn res_warps() -> u32 {
+    static W: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *W.get_or_init(|| {
+        std::env::var("FUCINA_RES_WARPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|w| (1..=16).contains(w))
+            .unwrap_or(16)
+    })
+}
+
+/// Whether `e` is the `suffix` entry of a batch-1 repacked GEMV whose rows of `k` it takes, and
+/// `w` holds `rows` of them, 16-byte aligned.
+fn check_weights(
+    op: &'static str,
+    e: &KernEntry,
+    suffix: &str,
+    w: DevPtr<u8>,
+    (rows, k): (usize, usize),
+) -> Result<(), CudaError> {
+    let spec = e.spec();
+    expect(&e.kern, &[Op::Gemv], op)?;
+    if e.suffix() != suffix || spec.key.batch.value() != Some(1) {
+        return Err(invalid(
+            op,
+            format!(
+                "{}__{} is not a batch-1 __{suffix} entry",
+                spec.name,
+                e.suffix()
+            ),
+        ));
+    }
+    let q = spec.key.quant;
+    let (_, split) = crate::quant::repack::source_of(q)
+        .ok_or_else(|| invalid(op, format!("{q} has no __{suffix} entry")))?;
+    if rows == 0 || !split.fits(k) || w.raw() % 16 != 0 {
+        return Err(invalid(
+            op,
+            format!(
+                "{rows} rows of {k} for {q}: need whole 256-element rows, 16-byte aligned weights"
+            ),
+        ));
+    }
+    let row = k / split.elems * (split.head + split.body);
+    if w.len() < rows * row {
+        return Err(invalid(
+            op,
+            format!("{} weight bytes for {rows} rows of {k}", w.len()),
+        ));
+    }
+    Ok(())
+}
+
+impl CudaDevice {
+    /// `s = hres + x w^T` and the deferred RMSNorm of s (its weight applied, quantised to int8
+    /// per 32, the sums of squares per 32) through the `__res` entry: n / 32 blocks of `warps`
+    /// warps.
+    pub fn gemv_res_ptr(
+        &self,
+        e: &KernEntry,
+        a: &GemvResArgs,
+        warps: u32,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "gemv_res";
+        let (n, k) = (a.n, a.k);
+        check_weights(OP, e, "res", a.w, (n, k))?;
+        if n % 32 != 0 || !(1..=16).contains(&warps) {
+            return Err(invalid(
+                OP,
+                format!("n={n} (need n % 32 == 0), {warps} warps"),
+            ));
+        }
+        let (mode, nw) = match a.norm {
+            NormWeightPtr::Plain(w) => (0i32, w),
+            NormWeightPtr::OnePlus(w) => (1, w),
+            NormWeightPtr::None => (2, DevPtr::null()),
+        };
+        if a.xq.len() < k
+            || a.xds.len() < k / 16
+            || a.hres.len() < n
+            || a.s.len() < n
+            || (mode != 2 && nw.len() != n)
+            || a.zq.len() < n
+            || a.zds.len() < n / 16
+            || a.part.len() < n / 32
+        {
+            return Err(invalid(OP, format!("buffers too small for n={n} k={k}")));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: ((n / 32) as u32, 1, 1),
+            block_dim: (32 * warps, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (n32, k32) = (int(OP, "n", n)?, int(OP, "k", k)?);
+        let (wp, qp, dp) = (a.w.raw(), a.xq.raw(), a.xds.raw());
+        let (hp, sp, nwp) = (a.hres.raw(), a.s.raw(), nw.raw());
+        let (zqp, zdp, pp) = (a.zq.raw(), a.zds.raw(), a.part.raw());
+        // (const u8* w, const i8* xq, const float2* xds, const float* hres, float* s,
+        //  const float* nw, int nmode, i8* zq, float2* zds, float* part, int n, int k)
+        self.go(
+            &e.kern,
+            cfg,
+            &[
+                &wp, &qp, &dp, &hp, &sp, &nwp, &mode, &zqp, &zdp, &pp, &n32, &k32,
+            ],
+        )
+    }
+
+    /// `y = rstd * (z w^T)` through the `__rs` entry: a GEMV over a deferred norm's int8
+    /// side-car (`xq` / `xds`), scaled by its rstd; the main entry's grid.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_rs_ptr(
+        &self,
+        e: &KernEntry,
+        w: DevPtr<u8>,
+        (xq, xds): (DevPtr<i8>, DevPtr<f32>),
+        y: DevPtr<f32>,
+        (n, k): (usize, usize),
+        rs: &RsArgs,
+        sms: u32,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "gemv_rs";
+        check_weights(OP, e, "rs", w, (n, k))?;
+        if xq.len() < k || xds.len() < k / 16 || y.len() < n || rs.dim() != k {
+            return Err(invalid(
+                OP,
+                format!(
+                    "n={n} k={k}: activations {} / outputs {} / a norm of {} values",
+                    xq.len(),
+                    y.len(),
+                    rs.dim()
+                ),
+            ));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (gemv_default_grid(e.spec(), n, sms).max(1), 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (n32, k32) = (int(OP, "n", n)?, int(OP, "k", k)?);
+        let parts = int(OP, "partial sums", rs.part.len())?;
+        let (wp, qp, dp, yp, pp) = (w.raw(), xq.raw(), xds.raw(), y.raw(), rs.part.raw());
+        // (const u8* w, const i8* xq, const float2* xds, float* y, int n, int k,
+        //  const float* rs_part, int rs_n, float eps)
+        self.go(
+            &e.kern,
+            cfg,
+            &[&wp, &qp, &dp, &yp, &n32, &k32, &pp, &parts, &rs.eps],
+        )
+    }
+}

@@ -1,0 +1,223 @@
+//! Backend-level GPU checks of `linear_add_rms_norm_then`: a decode row's output projection,
+//! residual add and next RMSNorm, handed over deferred to the projections that read it (the
+//! batch-1 repacked GEMV's `__res` entry, then `__glu` or `__rs`).
+//!
+//! Bounds:
+//! - the deferred path (`CudaBackend::deferred_norm`, which must take the case) against the
+//!   composition on the same device (`linear`, `add_rms_norm`, the consumers): 2e-4. The sum s
+//!   is the same bits; the consumers' inputs are the int8 blocks of s * w instead of those of
+//!   s * rstd * w (an int8 value can round the other way where the two quotients straddle a
+//!   half) and rstd multiplies the dots instead of the values;
+//! - against the int8 CPU backend (its default: the composition): 1e-3, as the other
+//!   block-format GEMV rows.
+
+use super::backend_ops::{host, tref, Ctx};
+use super::check::uniform;
+use crate::backend::cuda::{GpuTensor, GpuWeight};
+use crate::backend::{linear_add_rms_norm_then_composed, Activation, Backend, Norm, NormNext};
+use crate::ops::qdot::random_weights;
+use crate::quant::GgmlType;
+
+/// The consumer of one case: a fused gate|up of `ff` rows each, or projections of these rows.
+enum Next {
+    Glu(GgmlType, usize, Activation),
+    Linear(GgmlType, &'static [usize]),
+}
+
+/// How the norm weight applies in a case.
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Plain,
+    OnePlus,
+    Weightless,
+}
+
+fn norm<T>(mode: Mode, w: &T) -> Norm<'_, T> {
+    match mode {
+        Mode::Plain => Norm::Plain(w),
+        Mode::OnePlus => Norm::OnePlus(w),
+        Mode::Weightless => Norm::None,
+    }
+}
+
+pub(super) fn linear_res_cases(cx: &mut Ctx) {
+    use GgmlType::{Q4K, Q4_0, Q8_0};
+    // (producer format, k, n, norm, consumer)
+    let cases = [
+        (
+            Q4_0,
+            4096usize,
+            1024usize,
+            Mode::Plain,
+            Next::Glu(Q4_0, 512, Activation::Silu),
+        ),
+        (
+            Q4_0,
+            4096,
+            1024,
+            Mode::Plain,
+            Next::Linear(Q4_0, &[512, 128, 128]),
+        ),
+        (
+            Q8_0,
+            2048,
+            1024,
+            Mode::OnePlus,
+            Next::Glu(Q8_0, 384, Activation::GeluTanh),
+        ),
+        (
+            Q8_0,
+            2048,
+            1024,
+            Mode::Weightless,
+            Next::Linear(Q8_0, &[768]),
+        ),
+        (
+            Q4K,
+            2048,
+            1536,
+            Mode::Plain,
+            Next::Glu(Q4K, 256, Activation::Silu),
+        ),
+        (Q4K, 4096, 1024, Mode::Plain, Next::Linear(Q4K, &[512, 256])),
+        (
+            Q4_0,
+            1024,
+            1024,
+            Mode::OnePlus,
+            Next::Glu(Q8_0, 256, Activation::Silu),
+        ),
+    ];
+    for (ty, k, n, mode, next) in cases {
+        let Ok(wb) = random_weights(ty, n, k, &mut cx.rng) else {
+            continue;
+        };
+        let wr = tref("proj", ty, vec![n, k], &wb);
+        // the consumers' weights as (rows, bytes)
+        let (cty, rows): (GgmlType, Vec<usize>) = match &next {
+            Next::Glu(t, ff, _) => (*t, vec![2 * ff]),
+            Next::Linear(t, r) => (*t, r.to_vec()),
+        };
+        let mut cw = Vec::new();
+        for &r in &rows {
+            match random_weights(cty, r, n, &mut cx.rng) {
+                Ok(b) => cw.push(b),
+                Err(_) => break,
+            }
+        }
+        if cw.len() != rows.len() {
+            continue;
+        }
+        let crefs: Vec<_> = rows
+            .iter()
+            .zip(&cw)
+            .map(|(&r, b)| tref("next", cty, vec![r, n], b))
+            .collect();
+        let x = uniform(&mut cx.rng, k, -2.0, 2.0);
+        let h = uniform(&mut cx.rng, n, -3.0, 3.0);
+        let nw = uniform(&mut cx.rng, n, -1.0, 1.5);
+        let eps = 1e-6f32;
+        let what = match &next {
+            Next::Glu(t, ff, a) => format!("{} gate|up {ff} {a:?}", t.name()),
+            Next::Linear(t, r) => format!("{} {r:?}", t.name()),
+        };
+        let label = format!("{} 1x{k} -> {n} {mode:?} -> {what}", ty.name());
+        let act = match &next {
+            Next::Glu(_, _, a) => Some(*a),
+            Next::Linear(..) => None,
+        };
+        // every output of one path, concatenated: s, then the consumers'
+        let flat = |be: &crate::backend::cuda::CudaBackend,
+                    (s, outs): (GpuTensor, Vec<GpuTensor>)|
+         -> anyhow::Result<Vec<f32>> {
+            let mut v = host(be, &s)?;
+            for o in &outs {
+                v.extend(host(be, o)?);
+            }
+            Ok(v)
+        };
+        cx.case(
+            format!("linear_add_rms_norm_then {label} deferred == composed"),
+            2e-4,
+            |cx| {
+                let w = cx.gpu.upload(&wr)?;
+                let ws = crefs
+                    .iter()
+                    .map(|r| cx.gpu.upload(r))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let wrefs: Vec<&GpuWeight> = ws.iter().collect();
+                let nx = match act {
+                    Some(a) => NormNext::Glu(wrefs[0], a),
+                    None => NormNext::Linear(&wrefs),
+                };
+                let (xg, hg, ng) = (
+                    cx.gpu.tensor(&x, 1, k)?,
+                    cx.gpu.tensor(&h, 1, n)?,
+                    cx.gpu.tensor(&nw, 1, n)?,
+                );
+                let deferred = cx
+                    .gpu
+                    .deferred_norm(&xg, &w, &hg, &norm(mode, &ng), eps, &nx)?
+                    .ok_or_else(|| anyhow::anyhow!("the deferred path did not take the case"))?;
+                let composed = linear_add_rms_norm_then_composed(
+                    &cx.gpu,
+                    &xg,
+                    &w,
+                    &hg,
+                    norm(mode, &ng),
+                    eps,
+                    &nx,
+                )?;
+                Ok((flat(&cx.gpu, deferred)?, flat(&cx.gpu, composed)?))
+            },
+        );
+        cx.case(
+            format!("linear_add_rms_norm_then {label} vs CPU int8"),
+            1e-3,
+            |cx| {
+                let w = cx.gpu.upload(&wr)?;
+                let ws = crefs
+                    .iter()
+                    .map(|r| cx.gpu.upload(r))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let wrefs: Vec<&GpuWeight> = ws.iter().collect();
+                let nx = match act {
+                    Some(a) => NormNext::Glu(wrefs[0], a),
+                    None => NormNext::Linear(&wrefs),
+                };
+                let (xg, hg, ng) = (
+                    cx.gpu.tensor(&x, 1, k)?,
+                    cx.gpu.tensor(&h, 1, n)?,
+                    cx.gpu.tensor(&nw, 1, n)?,
+                );
+                let got =
+                    cx.gpu
+                        .linear_add_rms_norm_then(&xg, &w, &hg, norm(mode, &ng), eps, &nx)?;
+                let got = flat(&cx.gpu, got)?;
+                let cw = cx.cpu8.upload(&wr)?;
+                let cws = crefs
+                    .iter()
+                    .map(|r| cx.cpu8.upload(r))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let crefs2: Vec<_> = cws.iter().collect();
+                let cnx = match act {
+                    Some(a) => NormNext::Glu(crefs2[0], a),
+                    None => NormNext::Linear(&crefs2),
+                };
+                let (xc, hc, nc) = (
+                    cx.cpu8.tensor(&x, 1, k)?,
+                    cx.cpu8.tensor(&h, 1, n)?,
+                    cx.cpu8.tensor(&nw, 1, n)?,
+                );
+                let (s, outs) =
+                    cx.cpu8
+                        .linear_add_rms_norm_then(&xc, &cw, &hc, norm(mode, &nc), eps, &cnx)?;
+                let mut want = s.data;
+                for o in outs {
+                    want.extend(o.data);
+                }
+                Ok((got, want))
+            },
+        );
+    }
+}
