@@ -595,6 +595,17 @@ pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
         if kv == KvType::F16 {
             // whole models whose Q4_0 / Q4_K weights are repacked at upload
             part.extend(super::synth_models::check_synth(&gpu, &cpu_int8));
+            // the same files' decode with every norm deferred that the kernels take
+            match CudaBackend::new(ordinal, kv) {
+                Ok(g) => part.extend(super::synth_models::check_deferred(
+                    &Arc::new(g.with_defer_norm(true)),
+                    &cpu_int8,
+                )),
+                Err(e) => part.push(ModelRow::failed(
+                    "deferred-norm backend".into(),
+                    e.to_string(),
+                )),
+            }
             // sliding-window rings wrapped several times, against the whole context
             part.extend(super::ring_models::ring_rows(&gpu, &cpu));
         }

@@ -70,7 +70,8 @@ impl CudaBackend {
             NormNext::Linear(_) => false,
         };
         let producer = w.matrix()?.quant;
-        if defer_env().unwrap_or_else(|| defer_by_default(producer, glu_launch)) {
+        let on = self.defer_norm.or_else(defer_env);
+        if on.unwrap_or_else(|| defer_by_default(producer, glu_launch)) {
             if let Some(r) = self.deferred_norm(x, w, h, &norm, eps, next)? {
                 return Ok(r);
             }

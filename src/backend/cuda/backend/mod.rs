@@ -72,6 +72,9 @@ pub struct CudaBackend {
     progress: Arc<AtomicUsize>,
     /// The fused MoE router's arrival counters (u32, one per token, zero between launches).
     moe_counters: DevBuf,
+    /// Whether decode defers RMSNorms (`linear_res.rs`): None follows `FUCINA_DEFER_NORM` and
+    /// the measured default.
+    defer_norm: Option<bool>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -88,6 +91,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl CudaBackend {
+    /// This backend deferring RMSNorms wherever its kernels take them (`true`) or nowhere,
+    /// whatever `FUCINA_DEFER_NORM` and the default say (the selftest's deferred rows).
+    pub fn with_defer_norm(mut self, on: bool) -> Self {
+        self.defer_norm = Some(on);
+        self
+    }
+
     /// Open device `ordinal` (PTX cache from the environment) with a pool on its stream.
     pub fn new(ordinal: usize, kv_type: KvType) -> std::result::Result<CudaBackend, CudaError> {
         Self::with_device(Arc::new(CudaDevice::new(ordinal)?), kv_type)
@@ -115,6 +125,7 @@ impl CudaBackend {
             freq: Mutex::new(HashMap::new()),
             progress: Arc::new(AtomicUsize::new(0)),
             moe_counters,
+            defer_norm: None,
         })
     }
 
