@@ -128,14 +128,19 @@ pub fn linear_add_rms_norm_then_composed<B: Backend + ?Sized>(
     let y = be.linear(x, w)?;
     let dim = be.dims(&y).1;
     let (s, n) = be.add_rms_norm(h, &y, norm, eps, dim)?;
-    let outs = match next {
-        NormNext::Glu(g, act) => vec![be.linear_glu(&n, g, *act)?],
-        NormNext::Linear(ws) => ws
-            .iter()
-            .map(|w| be.linear(&n, w))
-            .collect::<Result<Vec<_>>>()?,
-    };
-    Ok((s, outs))
+    Ok((s, norm_next_apply(be, &n, next)?))
+}
+
+/// `next`'s ops on the normed row `n`: its outputs in order.
+pub fn norm_next_apply<B: Backend + ?Sized>(
+    be: &B,
+    n: &B::Tensor,
+    next: &NormNext<'_, B::Weight>,
+) -> Result<Vec<B::Tensor>> {
+    match next {
+        NormNext::Glu(g, act) => Ok(vec![be.linear_glu(n, g, *act)?]),
+        NormNext::Linear(ws) => ws.iter().map(|w| be.linear(n, w)).collect(),
+    }
 }
 
 /// Rotary embedding parameters for one layer (positions are passed per call).

@@ -13,10 +13,11 @@
 
 use super::backend_ops::{host, tref, Ctx};
 use super::check::uniform;
-use crate::backend::cuda::{GpuTensor, GpuWeight};
+use crate::backend::cuda::{CudaBackend, GpuTensor, GpuWeight};
 use crate::backend::{linear_add_rms_norm_then_composed, Activation, Backend, Norm, NormNext};
 use crate::ops::qdot::random_weights;
 use crate::quant::GgmlType;
+use crate::weights::TensorRef;
 
 /// The consumer of one case: a fused gate|up of `ff` rows each, or projections of these rows.
 enum Next {
@@ -126,45 +127,23 @@ pub(super) fn linear_res_cases(cx: &mut Ctx) {
             Next::Glu(_, _, a) => Some(*a),
             Next::Linear(..) => None,
         };
-        // every output of one path, concatenated: s, then the consumers'
-        let flat = |be: &crate::backend::cuda::CudaBackend,
-                    (s, outs): (GpuTensor, Vec<GpuTensor>)|
-         -> anyhow::Result<Vec<f32>> {
-            let mut v = host(be, &s)?;
-            for o in &outs {
-                v.extend(host(be, o)?);
-            }
-            Ok(v)
-        };
         cx.case(
             format!("linear_add_rms_norm_then {label} deferred == composed"),
             2e-4,
             |cx| {
-                let w = cx.gpu.upload(&wr)?;
-                let ws = crefs
-                    .iter()
-                    .map(|r| cx.gpu.upload(r))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let wrefs: Vec<&GpuWeight> = ws.iter().collect();
-                let nx = match act {
-                    Some(a) => NormNext::Glu(wrefs[0], a),
-                    None => NormNext::Linear(&wrefs),
-                };
-                let (xg, hg, ng) = (
-                    cx.gpu.tensor(&x, 1, k)?,
-                    cx.gpu.tensor(&h, 1, n)?,
-                    cx.gpu.tensor(&nw, 1, n)?,
-                );
+                let g = Loaded::new(&cx.gpu, (&wr, &crefs), (&x, &h, &nw))?;
+                let wrefs: Vec<&GpuWeight> = g.ws.iter().collect();
+                let nx = next_of(&wrefs, act);
                 let deferred = cx
                     .gpu
-                    .deferred_norm(&xg, &w, &hg, &norm(mode, &ng), eps, &nx)?
+                    .deferred_norm(&g.x, &g.w, &g.h, &norm(mode, &g.nw), eps, &nx)?
                     .ok_or_else(|| anyhow::anyhow!("the deferred path did not take the case"))?;
                 let composed = linear_add_rms_norm_then_composed(
                     &cx.gpu,
-                    &xg,
-                    &w,
-                    &hg,
-                    norm(mode, &ng),
+                    &g.x,
+                    &g.w,
+                    &g.h,
+                    norm(mode, &g.nw),
                     eps,
                     &nx,
                 )?;
@@ -175,49 +154,74 @@ pub(super) fn linear_res_cases(cx: &mut Ctx) {
             format!("linear_add_rms_norm_then {label} vs CPU int8"),
             1e-3,
             |cx| {
-                let w = cx.gpu.upload(&wr)?;
-                let ws = crefs
-                    .iter()
-                    .map(|r| cx.gpu.upload(r))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let wrefs: Vec<&GpuWeight> = ws.iter().collect();
-                let nx = match act {
-                    Some(a) => NormNext::Glu(wrefs[0], a),
-                    None => NormNext::Linear(&wrefs),
-                };
-                let (xg, hg, ng) = (
-                    cx.gpu.tensor(&x, 1, k)?,
-                    cx.gpu.tensor(&h, 1, n)?,
-                    cx.gpu.tensor(&nw, 1, n)?,
-                );
-                let got =
-                    cx.gpu
-                        .linear_add_rms_norm_then(&xg, &w, &hg, norm(mode, &ng), eps, &nx)?;
-                let got = flat(&cx.gpu, got)?;
-                let cw = cx.cpu8.upload(&wr)?;
-                let cws = crefs
-                    .iter()
-                    .map(|r| cx.cpu8.upload(r))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let crefs2: Vec<_> = cws.iter().collect();
-                let cnx = match act {
-                    Some(a) => NormNext::Glu(crefs2[0], a),
-                    None => NormNext::Linear(&crefs2),
-                };
-                let (xc, hc, nc) = (
-                    cx.cpu8.tensor(&x, 1, k)?,
-                    cx.cpu8.tensor(&h, 1, n)?,
-                    cx.cpu8.tensor(&nw, 1, n)?,
-                );
-                let (s, outs) =
-                    cx.cpu8
-                        .linear_add_rms_norm_then(&xc, &cw, &hc, norm(mode, &nc), eps, &cnx)?;
+                let g = Loaded::new(&cx.gpu, (&wr, &crefs), (&x, &h, &nw))?;
+                let wrefs: Vec<&GpuWeight> = g.ws.iter().collect();
+                let got = cx.gpu.linear_add_rms_norm_then(
+                    &g.x,
+                    &g.w,
+                    &g.h,
+                    norm(mode, &g.nw),
+                    eps,
+                    &next_of(&wrefs, act),
+                )?;
+                let c = Loaded::new(&cx.cpu8, (&wr, &crefs), (&x, &h, &nw))?;
+                let crefs: Vec<_> = c.ws.iter().collect();
+                let (s, outs) = cx.cpu8.linear_add_rms_norm_then(
+                    &c.x,
+                    &c.w,
+                    &c.h,
+                    norm(mode, &c.nw),
+                    eps,
+                    &next_of(&crefs, act),
+                )?;
                 let mut want = s.data;
                 for o in outs {
                     want.extend(o.data);
                 }
-                Ok((got, want))
+                Ok((flat(&cx.gpu, got)?, want))
             },
         );
+    }
+}
+
+/// Every output of one path, concatenated: s, then the consumers'.
+fn flat(be: &CudaBackend, (s, outs): (GpuTensor, Vec<GpuTensor>)) -> anyhow::Result<Vec<f32>> {
+    let mut v = host(be, &s)?;
+    for o in &outs {
+        v.extend(host(be, o)?);
+    }
+    Ok(v)
+}
+
+/// The consumer of a case over weights already on a backend.
+fn next_of<'a, W>(ws: &'a [&'a W], act: Option<Activation>) -> NormNext<'a, W> {
+    match act {
+        Some(a) => NormNext::Glu(ws[0], a),
+        None => NormNext::Linear(ws),
+    }
+}
+
+/// One case's weights and inputs on a backend.
+struct Loaded<B: Backend> {
+    w: B::Weight,
+    ws: Vec<B::Weight>,
+    x: B::Tensor,
+    h: B::Tensor,
+    nw: B::Tensor,
+}
+
+impl<B: Backend> Loaded<B> {
+    fn new(
+        be: &B,
+        (w, ws): (&TensorRef<'_>, &[TensorRef<'_>]),
+        (x, h, nw): (&[f32], &[f32], &[f32]),
+    ) -> anyhow::Result<Self> {
+        Ok(Loaded {
+            w: be.upload(w)?,
+            ws: ws.iter().map(|r| be.upload(r)).collect::<Result<_, _>>()?,
+            x: be.tensor(x, 1, x.len())?,
+            h: be.tensor(h, 1, h.len())?,
+            nw: be.tensor(nw, 1, nw.len())?,
+        })
     }
 }

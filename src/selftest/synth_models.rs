@@ -39,10 +39,20 @@ impl Drop for TempFile {
 
 /// One row per [`SYNTH_CASES`] entry: `test` against `reference`.
 pub fn check_synth<T: Backend, R: Backend>(test: &Arc<T>, reference: &Arc<R>) -> Vec<ModelRow> {
-    SYNTH_CASES
+    check_cases(&SYNTH_CASES, "", test, reference)
+}
+
+/// One row per case, named `synth KEY QUANT greedy` and `suffix`.
+fn check_cases<T: Backend, R: Backend>(
+    cases: &[(&str, FileQuant)],
+    suffix: &str,
+    test: &Arc<T>,
+    reference: &Arc<R>,
+) -> Vec<ModelRow> {
+    cases
         .iter()
         .map(|&(key, q)| {
-            let name = format!("synth {key} {} greedy", q.name());
+            let name = format!("synth {key} {} greedy{suffix}", q.name());
             check_one(key, q, test, reference)
                 .map(|mut r| {
                     r.name = name.clone();
@@ -66,18 +76,7 @@ pub const DEFERRED_CASES: [(&str, FileQuant); 3] = [
 /// One row per [`DEFERRED_CASES`] entry: `test` (a backend deferring every norm its kernels
 /// take) against `reference`.
 pub fn check_deferred<T: Backend, R: Backend>(test: &Arc<T>, reference: &Arc<R>) -> Vec<ModelRow> {
-    DEFERRED_CASES
-        .iter()
-        .map(|&(key, q)| {
-            let name = format!("synth {key} {} greedy, deferred norms", q.name());
-            check_one(key, q, test, reference)
-                .map(|mut r| {
-                    r.name = name.clone();
-                    r
-                })
-                .unwrap_or_else(|e| ModelRow::failed(name, e))
-        })
-        .collect()
+    check_cases(&DEFERRED_CASES, ", deferred norms", test, reference)
 }
 
 fn check_one<T: Backend, R: Backend>(

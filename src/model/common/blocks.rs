@@ -3,7 +3,8 @@
 //! attention layer (q/k norms, partial RoPE, optional per-head output gate).
 
 use crate::backend::{
-    can_concat, Activation, AttnParams, AttnPrep, Backend, MoeParams, Norm, NormNext, Rope,
+    can_concat, norm_next_apply, Activation, AttnParams, AttnPrep, Backend, MoeParams, Norm,
+    NormNext, Rope,
 };
 use crate::bk;
 use crate::model::ModelError;
@@ -55,14 +56,7 @@ impl<B: Backend> NormW<B> {
         }
         let y = bk!(be.linear(x, w))?;
         let (s, n) = self.add_apply(be, h, &y)?;
-        let outs = match next {
-            NormNext::Glu(g, act) => vec![bk!(be.linear_glu(&n, g, *act))?],
-            NormNext::Linear(ws) => ws
-                .iter()
-                .map(|w| bk!(be.linear(&n, w)))
-                .collect::<R<Vec<_>>>()?,
-        };
-        Ok((s, outs))
+        Ok((s, bk!(norm_next_apply(be, &n, next))?))
     }
     /// The residual add `h + y` and this norm of the sum: `(h + y, norm(h + y))`.
     pub fn add_apply(&self, be: &B, h: &B::Tensor, y: &B::Tensor) -> R<(B::Tensor, B::Tensor)> {

@@ -13,7 +13,7 @@
 //! The n = 1 path allocates only from the pool and copies nothing from the host.
 
 use super::super::buf::{memset, DevBuf, DevPtr};
-use super::super::types::{GpuTensor, GpuWeight, Q8Ptrs};
+use super::super::types::{GpuTensor, GpuWeight, Q8Ptrs, Q8Side};
 use super::super::weight_block;
 use super::CudaBackend;
 use crate::backend::{BackendError, Result};
@@ -150,19 +150,8 @@ impl CudaBackend {
         let Some(e) = self.glu_entry(k, &v) else {
             return Ok(None);
         };
-        // the input's int8 side-car: its producer's, or quantised here (kept until launched)
-        let own;
-        let (xq, xds) = match x.q8.as_ref().filter(|s| s.len == k) {
-            Some(s) => s.ptrs(),
-            None => {
-                own = self
-                    .q8_side(1, k)?
-                    .ok_or_else(|| shape(format!("no side-car for {k} values")))?;
-                let qk = self.kern(Op::QuantizeQ8, Quant::F32, BatchBucket::Any)?;
-                self.dev.quantize_q8_ptr(&qk, x.ptr(), own.q(), own.ds())?;
-                own.ptrs()
-            }
-        };
+        let mut own = None;
+        let (xq, xds) = self.row_side_car(x, &mut own)?;
         let h = self.alloc_tensor(1, ff)?;
         let side = self
             .q8_side(1, ff)?
@@ -183,6 +172,22 @@ impl CudaBackend {
             self.sms,
         )?;
         Ok(Some(h.with_q8(Some(side))))
+    }
+
+    /// The int8 side-car of the one-row `x`: the one its producer wrote, or quantised here into
+    /// `own` (which the caller keeps until the launch reading it is queued).
+    pub(super) fn row_side_car(&self, x: &GpuTensor, own: &mut Option<Q8Side>) -> Result<Q8Ptrs> {
+        let k = x.cols;
+        if let Some(s) = x.q8.as_ref().filter(|s| x.rows == 1 && s.len == k) {
+            return Ok(s.ptrs());
+        }
+        let side = self
+            .q8_side(1, k)?
+            .ok_or_else(|| shape(format!("no side-car for {k} values")))?;
+        let qk = self.kern(Op::QuantizeQ8, Quant::F32, BatchBucket::Any)?;
+        self.dev
+            .quantize_q8_ptr(&qk, x.ptr(), side.q(), side.ds())?;
+        Ok(own.insert(side).ptrs())
     }
 
     /// The `__glu` entry a one-row input of `k` values against the fused gate|up weight `v`

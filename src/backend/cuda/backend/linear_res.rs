@@ -128,19 +128,8 @@ impl CudaBackend {
         }
         let norm = super::fused::norm_ptr("linear_add_rms_norm_then", norm, n)?;
 
-        // the input's int8 side-car: its producer's, or quantised here (kept until launched)
-        let own;
-        let (xq, xds) = match x.q8.as_ref().filter(|s| s.len == k) {
-            Some(s) => s.ptrs(),
-            None => {
-                own = self
-                    .q8_side(1, k)?
-                    .ok_or_else(|| shape(format!("no side-car for {k} values")))?;
-                let qk = self.kern(Op::QuantizeQ8, Quant::F32, BatchBucket::Any)?;
-                self.dev.quantize_q8_ptr(&qk, x.ptr(), own.q(), own.ds())?;
-                own.ptrs()
-            }
-        };
+        let mut own = None;
+        let (xq, xds) = self.row_side_car(x, &mut own)?;
         let s = self.alloc_tensor(1, n)?;
         let z = self
             .q8_side(1, n)?
