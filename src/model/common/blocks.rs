@@ -260,20 +260,9 @@ impl<B: Backend> AttentionLayer<B> {
         Some(norms.first().map_or(0.0, |n| n.eps))
     }
 
-    pub fn forward(
-        &self,
-        be: &B,
-        x: &B::Tensor,
-        cache: &mut B::KvCache,
-        pos0: usize,
-    ) -> R<B::Tensor> {
-        let (qf, k, v) = self.qkv.forward(be, x)?;
-        let a = self.attend(be, (qf, k, v), cache, pos0)?;
-        bk!(be.linear(&a, &self.o))
-    }
-
-    /// The layer from its q/k/v projections to the input of `o_proj`: q/k norms, RoPE, the
-    /// cache write, attention and the output gate.
+    /// The layer from its q/k/v projections ([`Qkv`]) to the input of `o_proj`: q/k norms,
+    /// RoPE, the cache write, attention and the output gate. The decoder applies `o` (with the
+    /// residual add and the next norm: `NormW::linear_add_then`).
     pub fn attend(
         &self,
         be: &B,
