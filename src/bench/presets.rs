@@ -166,6 +166,19 @@ pub const PRESETS: &[Preset] = &[
         default_vocab: 512,
         ..BASE
     },
+    // the tiny Qwen3 at Qwen3's head dim (128): the decode attention's tensor-core entries
+    Preset {
+        key: "tiny-qwen3-hd128",
+        name: "tiny Qwen3, head dim 128 (random weights)",
+        n_layer: 2,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 128,
+        n_ff: 512,
+        default_vocab: 512,
+        ..BASE
+    },
     Preset {
         key: "tiny-qwen3moe",
         arch: "qwen3moe",

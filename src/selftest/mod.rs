@@ -4,6 +4,7 @@
 //! `Ok(false)` on any failure. Per-op checks implement [`KernelCheck`] and are registered in
 //! `checks/mod.rs`; an instance without a check fails.
 
+mod backend_attend;
 mod backend_fused;
 mod backend_glu;
 mod backend_moe;

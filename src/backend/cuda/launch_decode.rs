@@ -5,6 +5,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
 use super::error::{drv, CudaError};
+use super::launch_decode_prep::DecodePrep;
 use super::types::Q8Ptrs;
 use super::CudaDevice;
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
@@ -216,6 +217,7 @@ impl CudaDevice {
         out: DevPtr<f32>,
         q8: Option<Q8Ptrs>,
         counters: DevPtr<u32>,
+        prep: Option<&DecodePrep<'_>>,
     ) -> Result<(), CudaError> {
         const OP: &str = "attn_decode";
         if spec.key.op != Op::AttnDecode {
@@ -250,6 +252,21 @@ impl CudaDevice {
                 ));
             }
             e => e,
+        };
+        // `__mma_prep`: the tensor-core entry making its own input (one sequence)
+        let prep = match prep {
+            None => None,
+            Some(_) if entry != DecodeEntry::Mma || p.batch != 1 => {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "the attention input is made only by the tensor-core entry of one sequence \
+                         ({} has {entry:?}, batch {})",
+                        spec.name, p.batch
+                    ),
+                ));
+            }
+            Some(pr) => Some(pr.args(OP, d, kvb, p.hkv, p.max_pages, p.window)?),
         };
         // heads per block: the whole group for `__gqa` (head_split 1), else at most GMAX
         let block_heads_ok = match entry {
@@ -332,6 +349,9 @@ impl CudaDevice {
             _ => None,
         };
         let f = match entry {
+            DecodeEntry::Mma if prep.is_some() => {
+                self.function_suffixed_smem(spec, "mma_prep", 0)?
+            }
             DecodeEntry::Mma => self.function_suffixed_smem(spec, "mma", 0)?,
             DecodeEntry::Gqa => self.function_suffixed_smem(spec, "gqa", 0)?,
             _ => self.function(spec)?,
@@ -404,10 +424,15 @@ impl CudaDevice {
         if entry == DecodeEntry::Gqa {
             b.arg(&fused_merge);
         }
+        if let Some(a) = &prep {
+            a.push(&mut b);
+        }
         // SAFETY: matches ops/attn_decode (q, k_cache, v_cache, block_table, q_pos, part_o,
         // part_ml, out, counters, hq, hkv, head_split, page_size, max_pages, min_chunk, scale,
         // k_scale, v_scale, softcap, window, xq, xds: null or [batch][hq][d] int8 and
-        // [batch][hq][d / 32] float2, checked above; `__gqa` also fused_merge: i32); sizes checked
+        // [batch][hq][d / 32] float2, checked above; `__gqa` also fused_merge: i32; `__mma_prep`
+        // also the 18 arguments of PrepArgs::push, checked by DecodePrep::args: k / v of one
+        // row, norm weights of d values, freq factors, a full cache); sizes checked
         // above (with head_split 1 the counters are [batch][hkv]); the kernel clamps the key
         // count to max_pages * page_size and touches part_o / part_ml / counters only below
         // [batch][hq][splits] / [batch][hkv][head_split]; block table entries must be < the cache's pages

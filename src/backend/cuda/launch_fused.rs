@@ -22,7 +22,7 @@ use crate::ops::RopeLayout;
 pub const ATTN_PREP_MAX_HEAD_DIM: usize = 512;
 
 /// The kernels' `(mode, w)` of an optional norm: -1 none, 0 plain, 1 one-plus, 2 weightless.
-fn norm_mode(
+pub(crate) fn norm_mode(
     op: &'static str,
     n: Option<NormWeightPtr>,
     dim: usize,

@@ -279,9 +279,10 @@ impl<B: Backend> AttentionLayer<B> {
         } else {
             (qf, None)
         };
-        let q = match self.prep_eps() {
-            // q/k norms, RoPE and the cache write as one op (one kernel on the GPU)
-            Some(eps) => bk!(be.attn_prep(
+        let mut a = match self.prep_eps() {
+            // q/k norms, RoPE, the cache write and the attention as one op (on the GPU one or
+            // two kernels)
+            Some(eps) => bk!(be.attn_prep_attention(
                 &q,
                 &k,
                 &v,
@@ -296,6 +297,7 @@ impl<B: Backend> AttentionLayer<B> {
                     eps,
                     rope: &self.rope,
                 },
+                p,
             ))?,
             None => {
                 let q = match &self.q_norm {
@@ -308,10 +310,9 @@ impl<B: Backend> AttentionLayer<B> {
                 let q = bk!(be.rope(&q, p.n_heads, pos0, &self.rope))?;
                 let k = bk!(be.rope(&k, p.n_kv_heads, pos0, &self.rope))?;
                 bk!(be.kv_write(cache, pos0, &k, &v))?;
-                q
+                bk!(be.attention(&q, cache, pos0, p))?
             }
         };
-        let mut a = bk!(be.attention(&q, cache, pos0, p))?;
         if let Some(g) = gate {
             a = bk!(be.sigmoid_gate(&a, &g))?;
         }

@@ -263,6 +263,7 @@ impl KernelCheck for AttnDecodeCheck {
                         *out,
                         q8,
                         DevPtr::of(&scratch.counters),
+                        None,
                     )
                 };
                 let zeros = vec![0f32; scratch.counters.len()];

@@ -208,6 +208,7 @@ impl KernelCheck for AttnPrefillCheck {
                 total - 1,
                 &ap,
                 None,
+                None,
             )?;
             cmp = cmp.merge(Comparison::new(&got.read::<f32>(c.n * c.hq * d)?, &want));
             let last = c.n - 1;
@@ -216,7 +217,7 @@ impl KernelCheck for AttnPrefillCheck {
                 .slice(last * rl, rl)
                 .ok_or_else(|| err("q"))?;
             let p1 = DevPtr::of(&dpos).slice(last, 1).ok_or_else(|| err("pos"))?;
-            let got = dev.attention(&pool, q1, 1, &cache, p1, total - 1, &ap, None)?;
+            let got = dev.attention(&pool, q1, 1, &cache, p1, total - 1, &ap, None, None)?;
             cmp = cmp.merge(Comparison::new(
                 &got.read::<f32>(rl)?,
                 &want[last * rl..(last + 1) * rl],

@@ -7,7 +7,10 @@
 //! recorded decode step like the ops they replace. With many rows (prefill) `attn_prep` takes
 //! the kernel's multi-row entry (one warp per (row, head)), whose bytes equal the decode form's.
 
+use super::super::buf::DevPtr;
+use super::super::kv::kv_head_dim;
 use super::super::kv::{kv_layout, kv_quant, KV_SCALE};
+use super::super::launch_decode::{decode_gqa_default, decode_mma_default};
 use super::super::launch_fused::{
     AttnPrepBufs, AttnPrepLaunch, NormAddWeights, ATTN_PREP_MAX_HEAD_DIM,
 };
@@ -15,7 +18,9 @@ use super::super::launch_prefill::{attn_prep_rows_suffix, PREFILL_MIN_ROWS};
 use super::super::launch_ptr::NormWeightPtr;
 use super::super::types::{Bf16Side, GpuKvCache, GpuTensor, Q8Side};
 use super::CudaBackend;
-use crate::backend::{attn_prep_composed, AttnPrep, BackendError, Norm, PostNorm, Result};
+use crate::backend::{
+    attn_prep_composed, AttnParams, AttnPrep, BackendError, Norm, PostNorm, Result,
+};
 use crate::kernels::{BatchBucket, Op, Quant};
 
 fn shape(op: &'static str, detail: String) -> BackendError {
@@ -224,15 +229,16 @@ impl CudaBackend {
         Ok((s, n.with_q8(q8)))
     }
 
-    pub(super) fn attn_prep_impl(
+    /// Whether the attn_prep kernel takes these inputs (an error where they do not fit each
+    /// other or the cache; false where the kernel does not take the head or RoPE shape).
+    fn prep_fits(
         &self,
         q: &GpuTensor,
         k: &GpuTensor,
         v: &GpuTensor,
-        cache: &mut GpuKvCache,
-        pos0: usize,
+        cache: &GpuKvCache,
         p: &AttnPrep<'_, GpuTensor>,
-    ) -> Result<GpuTensor> {
+    ) -> Result<bool> {
         const OP: &str = "attn_prep";
         let r = p.rope;
         let hd = r.head_dim;
@@ -264,16 +270,27 @@ impl CudaBackend {
             .freq_factors
             .as_ref()
             .is_none_or(|f| f.len() >= r.rot_dims / 2);
-        let fused = hd % 2 == 0
+        Ok(hd % 2 == 0
             && hd <= ATTN_PREP_MAX_HEAD_DIM
             && r.rot_dims % 2 == 0
             && r.rot_dims <= hd
             && r.freq_base_dims > 0
-            && ff_ok;
-        if !fused || q.rows == 0 {
-            // shapes the kernel does not take: the plain ops (which report what is wrong)
-            return attn_prep_composed(self, q, k, v, cache, pos0, p);
-        }
+            && ff_ok)
+    }
+
+    /// attn_prep's launch and buffers for inputs [`Self::prep_fits`] took, rows at `pos`, the
+    /// rotated q to `q_out`.
+    pub(super) fn prep_parts(
+        &self,
+        (q, k, v): (&GpuTensor, &GpuTensor, &GpuTensor),
+        cache: &GpuKvCache,
+        p: &AttnPrep<'_, GpuTensor>,
+        pos: DevPtr<i32>,
+        q_out: DevPtr<f32>,
+    ) -> Result<(AttnPrepLaunch, AttnPrepBufs)> {
+        const OP: &str = "attn_prep";
+        let r = p.rope;
+        let hd = r.head_dim;
         let norm = |n: &Option<Norm<'_, GpuTensor>>| -> Result<Option<NormWeightPtr>> {
             n.as_ref().map(|n| norm_ptr(OP, n, hd)).transpose()
         };
@@ -282,9 +299,6 @@ impl CudaBackend {
             Some(f) => Some(self.freq_factors(f)?),
             None => None,
         };
-        let pos = self.positions(pos0, q.rows)?;
-        let q_out = self.alloc_tensor(q.rows, q.cols)?;
-        let kern = self.kern(Op::AttnPrep, kv_quant(cache.kv_type), BatchBucket::Any)?;
         let launch = AttnPrepLaunch {
             rows: q.rows,
             n_heads: p.n_heads,
@@ -300,15 +314,36 @@ impl CudaBackend {
             q: q.ptr(),
             k: k.ptr(),
             v: v.ptr(),
-            pos: pos.ptr,
+            pos,
             freq_factors: ff,
             q_norm: qn,
             k_norm: kn,
             v_norm: vn,
-            q_out: q_out.ptr(),
+            q_out,
             k_cache: cache.k.u8(),
             v_cache: cache.v.u8(),
         };
+        Ok((launch, bufs))
+    }
+
+    pub(super) fn attn_prep_impl(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        cache: &mut GpuKvCache,
+        pos0: usize,
+        p: &AttnPrep<'_, GpuTensor>,
+    ) -> Result<GpuTensor> {
+        if !self.prep_fits(q, k, v, cache, p)? || q.rows == 0 {
+            // shapes the kernel does not take: the plain ops (which report what is wrong)
+            return attn_prep_composed(self, q, k, v, cache, pos0, p);
+        }
+        let hd = p.rope.head_dim;
+        let pos = self.positions(pos0, q.rows)?;
+        let q_out = self.alloc_tensor(q.rows, q.cols)?;
+        let (launch, bufs) = self.prep_parts((q, k, v), cache, p, pos.ptr, q_out.ptr())?;
+        let kern = self.kern(Op::AttnPrep, kv_quant(cache.kv_type), BatchBucket::Any)?;
         let layout = kv_layout(&cache.shape, cache.kv_type);
         // Many rows: one warp per (row, head), the same bytes as the main entry. Not the decode
         // step: there one warp's norm runs the 8 butterflies of the 256-thread block order in
@@ -323,6 +358,46 @@ impl CudaBackend {
         }
         cache.len = cache.len.max(pos0 + q.rows);
         Ok(q_out)
+    }
+
+    /// Whether [`Self::attn_prep_attention_impl`] runs these inputs as one kernel: turned on
+    /// ([`Self::with_fused_attn_prep`], `FUCINA_ATTN_PREP_FUSED=1`), one row, shapes attn_prep
+    /// takes, a full cache, the decode attention's tensor-core entry, attn_prep at its
+    /// 256-thread block (the rounding `__mma_prep` reproduces).
+    pub fn prep_fusable(
+        &self,
+        (q, k, v): (&GpuTensor, &GpuTensor, &GpuTensor),
+        cache: &GpuKvCache,
+        prep: &AttnPrep<'_, GpuTensor>,
+        p: &AttnParams,
+    ) -> Result<bool> {
+        if !self.fuse_attn_prep()
+            || q.rows != 1
+            || p.window.is_some()
+            || p.head_dim != prep.rope.head_dim
+        {
+            return Ok(false);
+        }
+        if !self.prep_fits(q, k, v, cache, prep)? {
+            return Ok(false);
+        }
+        let layout = kv_layout(&cache.shape, cache.kv_type);
+        if layout.ring_pages != layout.pages() {
+            return Ok(false);
+        }
+        let quant = kv_quant(cache.kv_type);
+        let Some(hd) = kv_head_dim(p.head_dim) else {
+            return Ok(false);
+        };
+        let spec = self
+            .dev
+            .resolve(Op::AttnDecode, quant, hd, BatchBucket::Any)?;
+        let threads = self
+            .kern(Op::AttnPrep, quant, BatchBucket::Any)?
+            .spec
+            .param_u32("threads")
+            .unwrap_or(256);
+        Ok(!decode_gqa_default(spec) && decode_mma_default(spec) && threads == 256)
     }
 }
 

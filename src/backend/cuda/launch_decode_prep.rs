@@ -1,0 +1,154 @@
+//! The arguments of ops/attn_decode's `__mma_prep` entry: decode attention that first makes its
+//! own input the way ops/attn_prep does (q / k norms, RoPE, the new K / V row into the cache),
+//! so a decode step runs one kernel where it ran two.
+
+use cudarc::driver::{LaunchArgs, PushKernelArg};
+
+use super::error::CudaError;
+use super::launch_attn::KvLayout;
+use super::launch_fused::{norm_mode, AttnPrepBufs, AttnPrepLaunch};
+use crate::ops::RopeLayout;
+
+/// What `__mma_prep` needs besides the attention's own arguments: attn_prep's launch, the
+/// cache's layout and buffers (`bufs.q` is the attention's q, unnormed; `bufs.q_out` and
+/// `bufs.pos` are unused: the rotated q stays on chip, the position is the attention's q_pos).
+#[derive(Debug, Clone, Copy)]
+pub struct DecodePrep<'a> {
+    pub launch: &'a AttnPrepLaunch,
+    pub layout: &'a KvLayout,
+    pub bufs: &'a AttnPrepBufs,
+}
+
+/// The checked kernel arguments of a [`DecodePrep`], in the entry's order after `xds`.
+pub(crate) struct PrepArgs {
+    kin: u64,
+    vin: u64,
+    freq_factors: u64,
+    weights: [u64; 3],
+    modes: [i32; 3],
+    eps: f32,
+    rot_dims: i32,
+    freq_base_dims: i32,
+    rope_layout: i32,
+    theta: f32,
+    capacity: i32,
+    ring_pages: i32,
+    inv_k_scale: f32,
+    inv_v_scale: f32,
+}
+
+fn invalid(op: &'static str, detail: String) -> CudaError {
+    CudaError::Invalid { op, detail }
+}
+
+impl DecodePrep<'_> {
+    /// Checks the prep inputs against the attention launch (one sequence of `hkv` KV heads of
+    /// `d`, cache elements of `kvb` bytes, `max_pages` block-table columns, `window`) and
+    /// returns the kernel arguments. The entry writes the new row at page q_pos / page_size
+    /// modulo ring_pages and reads it through the block table: full caches with the identity
+    /// table only (the caller's contract, as kv.rs builds them).
+    pub(crate) fn args(
+        &self,
+        op: &'static str,
+        d: usize,
+        kvb: usize,
+        hkv: usize,
+        max_pages: usize,
+        window: usize,
+    ) -> Result<PrepArgs, CudaError> {
+        let (l, p, b) = (self.layout, self.launch, self.bufs);
+        if l.head_dim != d || l.elem_bytes != kvb || l.hkv != hkv {
+            return Err(invalid(
+                op,
+                format!("prep layout {l:?} for {hkv} KV heads x {d} of {kvb}-byte elements"),
+            ));
+        }
+        if window != 0 || l.ring_pages != l.pages() || l.pages() != max_pages {
+            return Err(invalid(
+                op,
+                format!(
+                    "prep needs a full cache (window {window}, layout {l:?}, {max_pages} pages)"
+                ),
+            ));
+        }
+        if p.rows != 1
+            || p.rot_dims % 2 != 0
+            || p.rot_dims > d
+            || p.freq_base_dims == 0
+            || b.k.len() < hkv * d
+            || b.v.len() < hkv * d
+        {
+            return Err(invalid(
+                op,
+                format!(
+                    "prep of {} rows, rot_dims {} of {d}, freq_base_dims {}, k {} v {} values",
+                    p.rows,
+                    p.rot_dims,
+                    p.freq_base_dims,
+                    b.k.len(),
+                    b.v.len()
+                ),
+            ));
+        }
+        if b.freq_factors.is_some_and(|f| f.len() < p.rot_dims / 2) {
+            return Err(invalid(
+                op,
+                format!("fewer than {} freq factors", p.rot_dims / 2),
+            ));
+        }
+        if !(p.k_scale.is_finite() && p.k_scale > 0.0 && p.v_scale.is_finite() && p.v_scale > 0.0) {
+            return Err(invalid(op, format!("scales {} / {}", p.k_scale, p.v_scale)));
+        }
+        let (qm, qw) = norm_mode(op, b.q_norm, d)?;
+        let (km, kw) = norm_mode(op, b.k_norm, d)?;
+        let (vm, vw) = norm_mode(op, b.v_norm, d)?;
+        let int = |what: &str, v: usize| {
+            i32::try_from(v).map_err(|_| invalid(op, format!("{what} {v} exceeds i32")))
+        };
+        Ok(PrepArgs {
+            kin: b.k.raw(),
+            vin: b.v.raw(),
+            freq_factors: b.freq_factors.map_or(0, |f| f.raw()),
+            weights: [qw, kw, vw],
+            modes: [qm, km, vm],
+            eps: p.eps,
+            rot_dims: int("rot_dims", p.rot_dims)?,
+            freq_base_dims: int("freq_base_dims", p.freq_base_dims)?,
+            rope_layout: match p.layout {
+                RopeLayout::Neox => 0,
+                RopeLayout::Interleaved => 1,
+            },
+            theta: p.theta,
+            capacity: int("capacity", l.capacity)?,
+            ring_pages: int("ring_pages", l.ring_pages)?,
+            inv_k_scale: 1.0 / p.k_scale,
+            inv_v_scale: 1.0 / p.v_scale,
+        })
+    }
+}
+
+impl PrepArgs {
+    /// Pushes the arguments (kin, vin, freq_factors, qw, kw, vw, q_mode, k_mode, v_mode, eps,
+    /// rot_dims, freq_base_dims, rope_layout, theta, capacity, ring_pages, inv_k_scale,
+    /// inv_v_scale) after the attention's own.
+    pub(crate) fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(&self.kin)
+            .arg(&self.vin)
+            .arg(&self.freq_factors)
+            .arg(&self.weights[0])
+            .arg(&self.weights[1])
+            .arg(&self.weights[2])
+            .arg(&self.modes[0])
+            .arg(&self.modes[1])
+            .arg(&self.modes[2])
+            .arg(&self.eps)
+            .arg(&self.rot_dims)
+            .arg(&self.freq_base_dims)
+            .arg(&self.rope_layout)
+            .arg(&self.theta)
+            .arg(&self.capacity)
+            .arg(&self.ring_pages)
+            .arg(&self.inv_k_scale)
+            .arg(&self.inv_v_scale);
+    }
+}

@@ -1,0 +1,199 @@
+//! Backend-level GPU checks of `attn_prep_attention` on a decode row: the CUDA backend's one
+//! launch (ops/attn_decode `__mma_prep`, turned on with `CudaBackend::with_fused_attn_prep`,
+//! which must take the case: `CudaBackend::prep_fusable`)
+//! against the two ops it replaces on the same device (attn_prep, then attention of its q).
+//!
+//! Bound 0: the attention output and every byte of the K / V caches equal. The fused entry
+//! norms with lib/rmsnorm's warp path in the 256-thread block order and rotates with lib/rope's
+//! pinned roundings, as attn_prep does, and the attention is the `__mma` code on the same q.
+//! Both runs first fill positions 0 .. pos0 with the same rows (attn_prep over a prefill), so
+//! the decode row attends over a live cache; each case runs with the step's position
+//! registered (as in a recorded decode step) and uploaded.
+
+use super::backend_ops::{host, Ctx, Pair, R};
+use super::check::uniform;
+use crate::backend::cuda::kv::kv_layout;
+use crate::backend::cuda::{CudaBackend, GpuTensor, KvType};
+use crate::backend::{
+    attn_prep_attention_composed, AttnParams, AttnPrep, Backend, KvShape, Norm, Rope,
+};
+use crate::ops::RopeLayout;
+
+/// One decode case: heads, RoPE, norms (q, k, v: None / 0 plain / 1 1+w / 2 none), position.
+struct Case {
+    name: &'static str,
+    heads: usize,
+    hkv: usize,
+    rope: Rope,
+    modes: [Option<u8>; 3],
+    pos0: usize,
+}
+
+fn cases() -> Vec<Case> {
+    let rope = |rot: usize, layout, ff: Option<Vec<f32>>| Rope {
+        head_dim: 128,
+        rot_dims: rot,
+        theta: 1_000_000.0,
+        layout,
+        freq_factors: ff,
+        freq_base_dims: rot,
+    };
+    let ff: Vec<f32> = (0..32).map(|i| 1.0 + (i % 5) as f32).collect();
+    vec![
+        Case {
+            name: "qwen3-8b heads (32 / 8, q/k norm)",
+            heads: 32,
+            hkv: 8,
+            rope: rope(128, RopeLayout::Neox, None),
+            modes: [Some(0), Some(0), None],
+            pos0: 37,
+        },
+        Case {
+            name: "qwen3-30b heads (32 / 4, q/k norm), first position",
+            heads: 32,
+            hkv: 4,
+            rope: rope(128, RopeLayout::Neox, None),
+            modes: [Some(0), Some(0), None],
+            pos0: 0,
+        },
+        Case {
+            name: "group 2, 1+w norms, past one page and one split",
+            heads: 4,
+            hkv: 2,
+            rope: rope(128, RopeLayout::Neox, None),
+            modes: [Some(1), Some(1), None],
+            pos0: 300,
+        },
+        Case {
+            name: "interleaved partial RoPE, freq factors, v-norm, no q norm",
+            heads: 8,
+            hkv: 1,
+            rope: rope(64, RopeLayout::Interleaved, Some(ff)),
+            modes: [None, Some(0), Some(2)],
+            pos0: 129,
+        },
+    ]
+}
+
+pub(super) fn attend_cases(cx: &mut Ctx) {
+    let fused =
+        |kv| CudaBackend::with_device(cx.gpu.dev.clone(), kv).map(|b| b.with_fused_attn_prep(true));
+    let (fp8, f16) = (fused(KvType::Fp8E4m3), fused(KvType::F16));
+    for c in cases() {
+        let hd = c.rope.head_dim;
+        let (qw, kw) = (c.heads * hd, c.hkv * hd);
+        let n = c.pos0 + 1;
+        let q = uniform(&mut cx.rng, n * qw, -3.0, 3.0);
+        let k = uniform(&mut cx.rng, n * kw, -3.0, 3.0);
+        let v = uniform(&mut cx.rng, n * kw, -3.0, 3.0);
+        let w: Vec<Vec<f32>> = (0..3)
+            .map(|_| uniform(&mut cx.rng, hd, -1.0, 1.5))
+            .collect();
+        let mut rows_out: Vec<(String, R<Pair>)> = Vec::new();
+        for kv in [KvType::Fp8E4m3, KvType::F16] {
+            let gpu = match if kv == KvType::F16 { &f16 } else { &fp8 } {
+                Ok(b) => b,
+                Err(e) => {
+                    rows_out.push((
+                        format!("attn_prep_attention {} {kv:?}", c.name),
+                        Err(anyhow::anyhow!(
+                            "backend with the fused attention input: {e}"
+                        )),
+                    ));
+                    continue;
+                }
+            };
+            let shape = KvShape::full(c.hkv, hd, 512);
+            let params = AttnParams {
+                n_heads: c.heads,
+                n_kv_heads: c.hkv,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window: None,
+                softcap: None,
+            };
+            // (attention output, K cache bytes, V cache bytes); `fused`: the backend's op
+            let run = |fused: bool, registered: bool| -> R<(Vec<f32>, Vec<u8>, Vec<u8>)> {
+                let gw: Vec<GpuTensor> = w
+                    .iter()
+                    .map(|x| gpu.tensor(x, 1, hd))
+                    .collect::<Result<_, _>>()?;
+                let norm = |i: usize| {
+                    c.modes[i].map(|m| match m {
+                        0 => Norm::Plain(&gw[i]),
+                        1 => Norm::OnePlus(&gw[i]),
+                        _ => Norm::None,
+                    })
+                };
+                let prep = AttnPrep {
+                    n_heads: c.heads,
+                    n_kv_heads: c.hkv,
+                    q_norm: norm(0),
+                    k_norm: norm(1),
+                    v_norm: norm(2),
+                    eps: 1e-6,
+                    rope: &c.rope,
+                };
+                let mut cache = gpu.kv_cache(shape)?;
+                let rows = |x: &[f32], r0: usize, r1: usize, cols: usize| {
+                    gpu.tensor(&x[r0 * cols..r1 * cols], r1 - r0, cols)
+                };
+                if c.pos0 > 0 {
+                    let ids: Vec<u32> = (0..c.pos0 as u32).collect();
+                    gpu.begin_forward(&ids, 0)?;
+                    let (pq, pk, pv) = (
+                        rows(&q, 0, c.pos0, qw)?,
+                        rows(&k, 0, c.pos0, kw)?,
+                        rows(&v, 0, c.pos0, kw)?,
+                    );
+                    gpu.attn_prep(&pq, &pk, &pv, &mut cache, 0, &prep)?;
+                }
+                gpu.begin_forward(&[0], if registered { c.pos0 } else { 10_000 })?;
+                let (dq, dk, dv) = (
+                    rows(&q, c.pos0, n, qw)?,
+                    rows(&k, c.pos0, n, kw)?,
+                    rows(&v, c.pos0, n, kw)?,
+                );
+                let out = if fused {
+                    if !gpu.prep_fusable((&dq, &dk, &dv), &cache, &prep, &params)? {
+                        anyhow::bail!("the backend does not fuse this case");
+                    }
+                    gpu.attn_prep_attention(&dq, &dk, &dv, &mut cache, c.pos0, &prep, &params)?
+                } else {
+                    attn_prep_attention_composed(
+                        gpu, &dq, &dk, &dv, &mut cache, c.pos0, &prep, &params,
+                    )?
+                };
+                let bytes = kv_layout(&cache.shape, cache.kv_type).bytes();
+                let (kb, vb) = (cache.k.read::<u8>(bytes)?, cache.v.read::<u8>(bytes)?);
+                Ok((host(gpu, &out)?, kb, vb))
+            };
+            let kvn = if kv == KvType::F16 { "f16" } else { "fp8" };
+            for registered in [true, false] {
+                let same = (|| -> R<Pair> {
+                    let (fo, fk, fv) = run(true, registered)?;
+                    let (co, ck, cv) = run(false, registered)?;
+                    let bytes = |b: Vec<u8>| b.into_iter().map(f32::from).collect::<Vec<_>>();
+                    let mut got = fo;
+                    got.extend(bytes(fk));
+                    got.extend(bytes(fv));
+                    let mut want = co;
+                    want.extend(bytes(ck));
+                    want.extend(bytes(cv));
+                    Ok((got, want))
+                })();
+                let how = if registered { "step" } else { "uploaded" };
+                rows_out.push((
+                    format!(
+                        "attn_prep_attention {} {kvn} at {} ({how}) == attn_prep + attention",
+                        c.name, c.pos0
+                    ),
+                    same,
+                ));
+            }
+        }
+        for (name, r) in rows_out {
+            cx.case(name, 0.0, |_| r);
+        }
+    }
+}
