@@ -10,13 +10,12 @@
 //! the decode row attends over a live cache; each case runs with the step's position
 //! registered (as in a recorded decode step) and uploaded.
 
+use super::backend_fused::{prep_of, prep_weights};
 use super::backend_ops::{host, Ctx, Pair, R};
 use super::check::uniform;
 use crate::backend::cuda::kv::kv_layout;
-use crate::backend::cuda::{CudaBackend, GpuTensor, KvType};
-use crate::backend::{
-    attn_prep_attention_composed, AttnParams, AttnPrep, Backend, KvShape, Norm, Rope,
-};
+use crate::backend::cuda::{CudaBackend, KvType};
+use crate::backend::{attn_prep_attention_composed, AttnParams, Backend, KvShape, Rope};
 use crate::ops::RopeLayout;
 
 /// One decode case: heads, RoPE, norms (q, k, v: None / 0 plain / 1 1+w / 2 none), position.
@@ -114,26 +113,8 @@ pub(super) fn attend_cases(cx: &mut Ctx) {
             };
             // (attention output, K cache bytes, V cache bytes); `fused`: the backend's op
             let run = |fused: bool, registered: bool| -> R<(Vec<f32>, Vec<u8>, Vec<u8>)> {
-                let gw: Vec<GpuTensor> = w
-                    .iter()
-                    .map(|x| gpu.tensor(x, 1, hd))
-                    .collect::<Result<_, _>>()?;
-                let norm = |i: usize| {
-                    c.modes[i].map(|m| match m {
-                        0 => Norm::Plain(&gw[i]),
-                        1 => Norm::OnePlus(&gw[i]),
-                        _ => Norm::None,
-                    })
-                };
-                let prep = AttnPrep {
-                    n_heads: c.heads,
-                    n_kv_heads: c.hkv,
-                    q_norm: norm(0),
-                    k_norm: norm(1),
-                    v_norm: norm(2),
-                    eps: 1e-6,
-                    rope: &c.rope,
-                };
+                let gw = prep_weights(gpu, &w, hd)?;
+                let prep = prep_of(&gw, c.modes, (c.heads, c.hkv), &c.rope);
                 let mut cache = gpu.kv_cache(shape)?;
                 let rows = |x: &[f32], r0: usize, r1: usize, cols: usize| {
                     gpu.tensor(&x[r0 * cols..r1 * cols], r1 - r0, cols)

@@ -433,6 +433,39 @@ fn prep_cases() -> Vec<PrepCase> {
     ]
 }
 
+/// The q / k / v norm weights of a prep case on `gpu` (`hd` values each).
+pub(super) fn prep_weights(gpu: &CudaBackend, w: &[Vec<f32>], hd: usize) -> R<Vec<GpuTensor>> {
+    Ok(w.iter()
+        .map(|x| gpu.tensor(x, 1, hd))
+        .collect::<Result<_, _>>()?)
+}
+
+/// The attn_prep of a case: norms of q, k, v by `modes` (None / 0 plain / 1 1+w / 2 none) with
+/// the weights `gw`, eps 1e-6, (query heads, KV heads), `rope`.
+pub(super) fn prep_of<'a>(
+    gw: &'a [GpuTensor],
+    modes: [Option<u8>; 3],
+    (heads, hkv): (usize, usize),
+    rope: &'a Rope,
+) -> AttnPrep<'a, GpuTensor> {
+    let norm = |i: usize| {
+        modes[i].map(|m| match m {
+            0 => Norm::Plain(&gw[i]),
+            1 => Norm::OnePlus(&gw[i]),
+            _ => Norm::None,
+        })
+    };
+    AttnPrep {
+        n_heads: heads,
+        n_kv_heads: hkv,
+        q_norm: norm(0),
+        k_norm: norm(1),
+        v_norm: norm(2),
+        eps: 1e-6,
+        rope,
+    }
+}
+
 /// The cache bytes of `c` (K then V).
 fn cache_bytes(c: &GpuKvCache) -> R<(Vec<u8>, Vec<u8>)> {
     let n = kv_layout(&c.shape, c.kv_type).bytes();
@@ -475,26 +508,8 @@ pub(super) fn attn_prep_cases(cx: &mut Ctx) {
                     gpu.tensor(&k, c.rows, kw)?,
                     gpu.tensor(&v, c.rows, kw)?,
                 );
-                let gw: Vec<GpuTensor> = w
-                    .iter()
-                    .map(|x| gpu.tensor(x, 1, hd))
-                    .collect::<Result<_, _>>()?;
-                let norm = |i: usize| {
-                    c.modes[i].map(|m| match m {
-                        0 => Norm::Plain(&gw[i]),
-                        1 => Norm::OnePlus(&gw[i]),
-                        _ => Norm::None,
-                    })
-                };
-                let p = AttnPrep {
-                    n_heads: c.heads,
-                    n_kv_heads: c.hkv,
-                    q_norm: norm(0),
-                    k_norm: norm(1),
-                    v_norm: norm(2),
-                    eps: 1e-6,
-                    rope: &c.rope,
-                };
+                let gw = prep_weights(gpu, &w, hd)?;
+                let p = prep_of(&gw, c.modes, (c.heads, c.hkv), &c.rope);
                 let mut cache = gpu.kv_cache(shape)?;
                 let out = if composed {
                     attn_prep_composed(gpu, &gq, &gk, &gv, &mut cache, c.pos0, &p)?

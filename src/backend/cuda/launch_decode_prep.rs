@@ -6,7 +6,7 @@ use cudarc::driver::{LaunchArgs, PushKernelArg};
 
 use super::error::CudaError;
 use super::launch_attn::KvLayout;
-use super::launch_fused::{norm_mode, AttnPrepBufs, AttnPrepLaunch};
+use super::launch_fused::{prep_factors, AttnPrepBufs, AttnPrepLaunch};
 use crate::ops::RopeLayout;
 
 /// What `__mma_prep` needs besides the attention's own arguments: attn_prep's launch, the
@@ -90,18 +90,7 @@ impl DecodePrep<'_> {
                 ),
             ));
         }
-        if b.freq_factors.is_some_and(|f| f.len() < p.rot_dims / 2) {
-            return Err(invalid(
-                op,
-                format!("fewer than {} freq factors", p.rot_dims / 2),
-            ));
-        }
-        if !(p.k_scale.is_finite() && p.k_scale > 0.0 && p.v_scale.is_finite() && p.v_scale > 0.0) {
-            return Err(invalid(op, format!("scales {} / {}", p.k_scale, p.v_scale)));
-        }
-        let (qm, qw) = norm_mode(op, b.q_norm, d)?;
-        let (km, kw) = norm_mode(op, b.k_norm, d)?;
-        let (vm, vw) = norm_mode(op, b.v_norm, d)?;
+        let [(qm, qw), (km, kw), (vm, vw)] = prep_factors(op, p, b, d)?;
         let int = |what: &str, v: usize| {
             i32::try_from(v).map_err(|_| invalid(op, format!("{what} {v} exceeds i32")))
         };

@@ -22,7 +22,7 @@ use crate::ops::RopeLayout;
 pub const ATTN_PREP_MAX_HEAD_DIM: usize = 512;
 
 /// The kernels' `(mode, w)` of an optional norm: -1 none, 0 plain, 1 one-plus, 2 weightless.
-pub(crate) fn norm_mode(
+fn norm_mode(
     op: &'static str,
     n: Option<NormWeightPtr>,
     dim: usize,
@@ -40,6 +40,31 @@ pub(crate) fn norm_mode(
         ));
     }
     Ok((mode, w.raw()))
+}
+
+/// The checks attn_prep's inputs share with the decode attention that makes them
+/// (`launch_decode_prep`): enough RoPE frequency divisors, finite positive cache scales; then
+/// the `(mode, pointer)` arguments of the q, k and v norms (weights of `d` values).
+pub(crate) fn prep_factors(
+    op: &'static str,
+    p: &AttnPrepLaunch,
+    bufs: &AttnPrepBufs,
+    d: usize,
+) -> Result<[(i32, u64); 3], CudaError> {
+    if bufs.freq_factors.is_some_and(|f| f.len() < p.rot_dims / 2) {
+        return Err(invalid(
+            op,
+            format!("fewer than {} freq factors", p.rot_dims / 2),
+        ));
+    }
+    if !(p.k_scale.is_finite() && p.k_scale > 0.0 && p.v_scale.is_finite() && p.v_scale > 0.0) {
+        return Err(invalid(op, format!("scales {} / {}", p.k_scale, p.v_scale)));
+    }
+    Ok([
+        norm_mode(op, bufs.q_norm, d)?,
+        norm_mode(op, bufs.k_norm, d)?,
+        norm_mode(op, bufs.v_norm, d)?,
+    ])
 }
 
 /// The kernel arguments `(mode, pointer)` of a norm weight (0 plain, 1 one-plus, 2 none),
@@ -379,18 +404,7 @@ impl CudaDevice {
                 ),
             ));
         }
-        if bufs.freq_factors.is_some_and(|f| f.len() < p.rot_dims / 2) {
-            return Err(invalid(
-                OP,
-                format!("fewer than {} freq factors", p.rot_dims / 2),
-            ));
-        }
-        if !(p.k_scale.is_finite() && p.k_scale > 0.0 && p.v_scale.is_finite() && p.v_scale > 0.0) {
-            return Err(invalid(OP, format!("scales {} / {}", p.k_scale, p.v_scale)));
-        }
-        let (qm, qwp) = norm_mode(OP, bufs.q_norm, d)?;
-        let (km, kwp) = norm_mode(OP, bufs.k_norm, d)?;
-        let (vm, vwp) = norm_mode(OP, bufs.v_norm, d)?;
+        let [(qm, qwp), (km, kwp), (vm, vwp)] = prep_factors(OP, p, bufs, d)?;
         let heads = p.n_heads + layout.hkv;
         if heads > 65535 {
             return Err(invalid(OP, format!("{heads} heads exceed the grid's y")));
