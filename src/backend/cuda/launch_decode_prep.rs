@@ -141,3 +141,98 @@ impl PrepArgs {
             .arg(&self.inv_v_scale);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::buf::DevPtr;
+    use crate::backend::cuda::NormWeightPtr;
+
+    fn ptr<T>(len: usize) -> DevPtr<T> {
+        // SAFETY: never dereferenced: `args` only checks lengths and packs addresses
+        unsafe { DevPtr::from_raw(0x1000, len) }
+    }
+
+    /// One sequence of Qwen3-8B's attention input: 8 KV heads of 128, a full FP8 cache of 4096
+    /// positions in pages of 16 (256 pages), q/k norms, NeoX RoPE over the whole head.
+    fn valid() -> (AttnPrepLaunch, KvLayout, AttnPrepBufs) {
+        let launch = AttnPrepLaunch {
+            rows: 1,
+            n_heads: 32,
+            rot_dims: 128,
+            freq_base_dims: 128,
+            layout: RopeLayout::Neox,
+            theta: 1e6,
+            eps: 1e-6,
+            k_scale: 1.0,
+            v_scale: 1.0,
+        };
+        let layout = KvLayout {
+            hkv: 8,
+            head_dim: 128,
+            page_size: 16,
+            capacity: 4096,
+            ring_pages: 256,
+            elem_bytes: 1,
+        };
+        let bufs = AttnPrepBufs {
+            q: ptr(32 * 128),
+            k: ptr(8 * 128),
+            v: ptr(8 * 128),
+            pos: DevPtr::null(),
+            freq_factors: None,
+            q_norm: Some(NormWeightPtr::Plain(ptr(128))),
+            k_norm: Some(NormWeightPtr::Plain(ptr(128))),
+            v_norm: None,
+            q_out: DevPtr::null(),
+            k_cache: ptr(4096 * 8 * 128),
+            v_cache: ptr(4096 * 8 * 128),
+        };
+        (launch, layout, bufs)
+    }
+
+    /// `args` for the attention side (d 128, FP8, 8 KV heads, 256 pages, no window) after `f`.
+    fn check(f: impl FnOnce(&mut AttnPrepLaunch, &mut KvLayout, &mut AttnPrepBufs)) -> bool {
+        let (mut l, mut k, mut b) = valid();
+        f(&mut l, &mut k, &mut b);
+        let p = DecodePrep {
+            launch: &l,
+            layout: &k,
+            bufs: &b,
+        };
+        p.args("t", 128, 1, 8, 256, 0).is_ok()
+    }
+
+    #[test]
+    fn prep_arguments_are_checked() {
+        assert!(check(|_, _, _| {}));
+        // the cache: a ring, another head dim or element size
+        assert!(!check(|_, k, _| k.ring_pages = 16));
+        assert!(!check(|_, k, _| k.head_dim = 64));
+        assert!(!check(|_, k, _| k.elem_bytes = 2));
+        // more than one row, odd or too many rotated dims, no frequency base
+        assert!(!check(|l, _, _| l.rows = 2));
+        assert!(!check(|l, _, _| l.rot_dims = 127));
+        assert!(!check(|l, _, _| l.rot_dims = 256));
+        assert!(!check(|l, _, _| l.freq_base_dims = 0));
+        // short inputs, too few freq factors, a norm weight of the wrong length, bad scales
+        assert!(!check(|_, _, b| b.k = ptr(8 * 128 - 1)));
+        assert!(!check(|_, _, b| b.freq_factors = Some(ptr(63))));
+        assert!(check(|_, _, b| b.freq_factors = Some(ptr(64))));
+        assert!(!check(
+            |_, _, b| b.q_norm = Some(NormWeightPtr::OnePlus(ptr(64)))
+        ));
+        assert!(!check(|l, _, _| l.k_scale = 0.0));
+        assert!(!check(|l, _, _| l.v_scale = f32::NAN));
+        // a window on the attention side
+        let (l, k, b) = valid();
+        let p = DecodePrep {
+            launch: &l,
+            layout: &k,
+            bufs: &b,
+        };
+        assert!(p.args("t", 128, 1, 8, 256, 1024).is_err());
+        assert!(p.args("t", 128, 1, 8, 128, 0).is_err()); // block table of another width
+        assert!(p.args("t", 128, 1, 4, 256, 0).is_err()); // KV heads differ
+    }
+}
