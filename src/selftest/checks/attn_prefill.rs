@@ -84,11 +84,16 @@ impl KernelCheck for AttnPrefillCheck {
     fn bound(&self, key: &KernelKey) -> f64 {
         // SIMT: f32 with __expf against f64 (as attn_decode). Tensor-core variant (head dims
         // 64, 128, 256): q, k and p rounded to f16 (2^-11 relative each) before the f32
-        // accumulation; a fragment-layout error is O(1).
-        if matches!(key.head_dim.value(), Some(64 | 128 | 256)) {
-            1e-2
-        } else {
-            2e-3
+        // accumulation; a fragment-layout error is O(1). Every row also runs the last query
+        // through the backend's decode dispatch, which at head dim 512 is attn_decode's `__gqa`
+        // tensor-core entry (q and p in f16: that check's 4e-3); its error is merged into this
+        // row's (1.5e-3 .. 1.7e-3 measured on the H200 in sessions 12-15, 2.4e-3 once the random
+        // inputs moved; an f32 model of the SIMT kernel's arithmetic stays within ~1e-6 of f64 on
+        // such inputs).
+        match key.head_dim.value() {
+            Some(64 | 128 | 256) => 1e-2,
+            Some(512) => 4e-3,
+            _ => 2e-3,
         }
     }
     fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
@@ -186,7 +191,8 @@ impl KernelCheck for AttnPrefillCheck {
                 )
             };
             launch()?;
-            cmp = cmp.merge(Comparison::new(&dev.download(&out)?, &want));
+            let kernel = Comparison::new(&dev.download(&out)?, &want);
+            cmp = cmp.merge(kernel);
             if ci == 0 {
                 micros = time_us(dev, cx.iters, launch)?;
             }
@@ -210,7 +216,8 @@ impl KernelCheck for AttnPrefillCheck {
                 None,
                 None,
             )?;
-            cmp = cmp.merge(Comparison::new(&got.read::<f32>(c.n * c.hq * d)?, &want));
+            let dispatch = Comparison::new(&got.read::<f32>(c.n * c.hq * d)?, &want);
+            cmp = cmp.merge(dispatch);
             let last = c.n - 1;
             let rl = c.hq * d;
             let q1 = DevPtr::of(&dq)
@@ -218,10 +225,17 @@ impl KernelCheck for AttnPrefillCheck {
                 .ok_or_else(|| err("q"))?;
             let p1 = DevPtr::of(&dpos).slice(last, 1).ok_or_else(|| err("pos"))?;
             let got = dev.attention(&pool, q1, 1, &cache, p1, total - 1, &ap, None, None)?;
-            cmp = cmp.merge(Comparison::new(
-                &got.read::<f32>(rl)?,
-                &want[last * rl..(last + 1) * rl],
-            ));
+            let decode = Comparison::new(&got.read::<f32>(rl)?, &want[last * rl..(last + 1) * rl]);
+            // which path an error comes from (RUST_LOG=debug)
+            tracing::debug!(
+                kernel = spec.name,
+                case = ci,
+                prefill = kernel.max_rel_err,
+                dispatch = dispatch.max_rel_err,
+                decode = decode.max_rel_err,
+                "attn_prefill check"
+            );
+            cmp = cmp.merge(decode);
         }
         // the pool has no Drop that frees its cache: hand the buffers back to the driver
         pool.trim()?;
