@@ -274,6 +274,10 @@ pub struct MoeDownArgs {
     pub out: usize,
     /// Out: `[n, out]`.
     pub y: DevPtr<f32>,
+    /// The ids were final before the previous launch could let this one start (the router's,
+    /// read by `moe_gate_up` launched in between): the kernel reads them and requests its
+    /// experts' rows into L2 before its programmatic-launch wait. False: all after the wait.
+    pub ids_early: bool,
 }
 
 /// Validate a `moe_down` launch of bank format `q` on instance `spec` (its `max_top_k`);
@@ -548,8 +552,10 @@ impl CudaDevice {
             int(OP, "out", a.out)?,
         ];
         let y = a.y.raw();
+        let early = i32::from(a.ids_early);
         // (const u8* wd, long long expert_bytes, int n_experts, const int* ids, const float* wts,
-        //  int top_k, const i8* hq, const float2* hds, int ff, int out, float* y), `warps` * 32
+        //  int top_k, const i8* hq, const float2* hds, int ff, int out, float* y,
+        //  int ids_early), `warps` * 32
         // threads, grid (ceil(out / rows), n), warps * stages chunk buffers of dynamic shared
         // memory (the kernel traps on less); sizes checked above, top_k <= the instance's
         // max_top_k; expert ids out of range are caught by the kernel.
@@ -558,7 +564,7 @@ impl CudaDevice {
             cfg,
             &[
                 &ptrs[0], &eb, &ints[0], &ptrs[1], &ptrs[2], &ints[1], &ptrs[3], &ptrs[4],
-                &ints[2], &ints[3], &y,
+                &ints[2], &ints[3], &y, &early,
             ],
         )
     }

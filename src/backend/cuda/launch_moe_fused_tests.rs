@@ -262,6 +262,7 @@ fn down() -> MoeDownArgs {
         ff,
         out,
         y: p(0x10000, n * out),
+        ids_early: true,
     }
 }
 

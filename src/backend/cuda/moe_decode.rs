@@ -197,10 +197,19 @@ impl CudaDevice {
                 ff: d.ff,
                 out: d.out,
                 y,
+                // the router wrote the ids; moe_gate_up runs in between
+                ids_early: down_ids_early(),
             },
         )?;
         Ok(buf)
     }
+}
+
+/// Whether `moe_down` reads its expert ids and requests their rows into L2 before its
+/// programmatic-launch wait (`FUCINA_MOE_DOWN_EARLY=0`: after it), read once.
+fn down_ids_early() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FUCINA_MOE_DOWN_EARLY").as_deref() != Ok("0"))
 }
 
 #[cfg(test)]

@@ -431,8 +431,7 @@ impl KernelCheck for MoeDownCheck {
                 pool.upload(&wts)?,
             );
             let by = pool.alloc(n * out * 4)?;
-            by.fill_bytes(0xff)?;
-            let args = MoeDownArgs {
+            let mut args = MoeDownArgs {
                 down: ptr(&bw, down.len())?,
                 n_experts: e,
                 ids: ptr(&bi, pairs)?,
@@ -444,9 +443,16 @@ impl KernelCheck for MoeDownCheck {
                 ff,
                 out,
                 y: ptr(&by, n * out)?,
+                ids_early: false,
             };
-            cx.dev.moe_down(&kn, &args)?;
-            cmp = cmp.merge(Comparison::new(&by.read::<f32>(n * out)?, &want));
+            // both orders of the ids read and the programmatic-launch wait (the early one also
+            // requests the rows into L2)
+            for early in [false, true] {
+                by.fill_bytes(0xff)?;
+                args.ids_early = early;
+                cx.dev.moe_down(&kn, &args)?;
+                cmp = cmp.merge(Comparison::new(&by.read::<f32>(n * out)?, &want));
+            }
             if ci == 0 {
                 let dev = cx.dev;
                 micros = time_us(dev, cx.iters, || dev.moe_down(&kn, &args))?;
