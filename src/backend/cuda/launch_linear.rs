@@ -142,6 +142,60 @@ pub fn gemv_s2_grid(spec: &KernelSpec, n: usize, sms: u32, smem: usize) -> u32 {
     (n.div_ceil(4 * rows).min(u32::MAX as usize) as u32).min(per_sm * sms.max(1))
 }
 
+/// Load batches of one row of `k` values in a batch-1 repacked GEMV (`rows_dot`: each lane loads
+/// `unroll` 16-byte units a batch, 32 lanes); None for other instances.
+pub fn gemv_row_batches(spec: &KernelSpec, k: usize) -> Option<usize> {
+    if spec.key.op != Op::Gemv || spec.key.batch.value() != Some(1) {
+        return None;
+    }
+    let units = match spec.key.quant {
+        Quant::Q4_0R | Quant::Q8_0R => k / 32,
+        Quant::Q4KR => k / 256 * 8,
+        _ => return None,
+    };
+    let unroll = spec.param_u32("unroll")?.max(1) as usize;
+    Some(units.div_ceil(32 * unroll))
+}
+
+/// Warps a row group's k range is split over (the `__ks` entry: 2 or 4) for a batch-1 repacked
+/// GEMV of `n` rows of `k`, or None (the main entry). By default ([`ks_for`]) rows of several
+/// load batches are split so that each warp loads one batch (at most 4 ways), except for very
+/// tall matrices (the LM head), whose warps are plenty already. `FUCINA_GEMV_KS` (read once):
+/// `0` never, `2` / `4` that many ways wherever rows take two batches or more.
+pub fn gemv_ks(spec: &KernelSpec, n: usize, k: usize) -> Option<u32> {
+    static KS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let forced = *KS.get_or_init(|| match std::env::var("FUCINA_GEMV_KS").as_deref() {
+        Ok("0") | Ok("1") => Some(1),
+        Ok("2") => Some(2),
+        Ok("4") => Some(4),
+        _ => None,
+    });
+    let batches = gemv_row_batches(spec, k)?;
+    let ks = match forced {
+        Some(f) if batches >= 2 => f,
+        Some(_) => 1,
+        None => ks_for(n, batches),
+    };
+    (ks > 1).then_some(ks)
+}
+
+/// The default split of [`gemv_ks`]: the smallest of 1, 2, 4 that leaves each warp at most one
+/// load batch (4 when more remain), 1 for more than [`KS_MAX_ROWS`] rows.
+fn ks_for(n: usize, batches: usize) -> u32 {
+    if n > KS_MAX_ROWS {
+        return 1;
+    }
+    match batches {
+        0 | 1 => 1,
+        2 => 2,
+        _ => 4,
+    }
+}
+
+/// Rows above which [`ks_for`] does not split (an LM head's 151936 rows fill the GPU's warps
+/// many times over).
+const KS_MAX_ROWS: usize = 65536;
+
 /// Which entry and grid of a GEMV instance a launch uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GemvEntry {
@@ -151,6 +205,9 @@ pub enum GemvEntry {
     Main(Option<u32>),
     /// The `__s2` entry (an error when the instance has none); `Some(g)` blocks, or its default.
     S2(Option<u32>),
+    /// The `__ks` entry of a batch-1 repacked instance: each row group's k range split over
+    /// this many warps (1, 2 or 4) of its block.
+    Ks(u32),
 }
 
 /// Activations of a block-format GEMV: int8 per 32 (`xq`) and per group {d, d*sum(q)} (`xds`,
@@ -427,10 +484,35 @@ impl CudaDevice {
         // 128 threads; the `__s2` entry takes the same arguments and its dynamic shared memory
         let entry = match entry {
             GemvEntry::Auto if gemv_use_s2(kn.spec, k) => GemvEntry::S2(None),
-            GemvEntry::Auto => GemvEntry::Main(None),
+            GemvEntry::Auto => match gemv_ks(kn.spec, n, k) {
+                Some(ks) => GemvEntry::Ks(ks),
+                None => GemvEntry::Main(None),
+            },
             e => e,
         };
         let grid = match entry {
+            GemvEntry::Ks(ks) => {
+                if gemv_row_batches(kn.spec, k).is_none() || ![1, 2, 4].contains(&ks) {
+                    return Err(invalid(
+                        OP,
+                        format!("{} has no __ks entry for {ks} warps", kn.spec.name),
+                    ));
+                }
+                let rows = kn.spec.param_u32("rows").unwrap_or(1).max(1) as usize;
+                let ksk = Kern {
+                    spec: kn.spec,
+                    f: self.function_suffixed(kn.spec, "ks")?,
+                };
+                let blocks = n.div_ceil(rows * 4 / ks as usize);
+                let cfg = LaunchConfig {
+                    grid_dim: (super::launch_ptr::grid(OP, blocks)?, 1, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let ks32 = ks as i32;
+                // (... as the main entry ..., int ks), ceil(n / (rows * 4 / ks)) blocks
+                return self.go(&ksk, cfg, &[&wp, &xp, &qp, &dp, &yp, &n32, &k32, &ks32]);
+            }
             GemvEntry::S2(grid) => {
                 let smem = gemv_s2_smem(kn.spec)
                     .ok_or_else(|| invalid(OP, format!("{} has no __s2 entry", kn.spec.name)))?;
@@ -696,6 +778,27 @@ mod tests {
         assert!(!glu_one_wave(480, 132, 3)); // Gemma 4 12B Q4_0
         assert!(!glu_one_wave(384, 132, 2)); // Q4_K
         assert!(!glu_one_wave(1, 132, 0)); // the occupancy query failed
+    }
+
+    /// Load batches of a row in the batch-1 repacked GEMVs, and the default k split: Qwen3-8B's
+    /// down projection (k = 12288) is 3 batches of 128 Q4_0 blocks (4 per lane) -> 4 warps;
+    /// a Q8_0 row of 4096 is 2 batches of 64 -> 2; one batch, other instances and the LM head
+    /// are not split.
+    #[test]
+    fn k_split_by_row_batches() {
+        let (q4, q8, q4k) = (bs1(Quant::Q4_0R), bs1(Quant::Q8_0R), bs1(Quant::Q4KR));
+        assert_eq!(gemv_row_batches(q4, 4096), Some(1));
+        assert_eq!(gemv_row_batches(q4, 12288), Some(3));
+        assert_eq!(gemv_row_batches(q4, 15360), Some(4));
+        assert_eq!(gemv_row_batches(q8, 4096), Some(2));
+        assert_eq!(gemv_row_batches(q8, 12288), Some(6));
+        assert_eq!(gemv_row_batches(q4k, 4096), Some(1));
+        assert_eq!(gemv_row_batches(q4k, 12288), Some(3));
+        assert_eq!(gemv_row_batches(bs1(Quant::Q4_0), 12288), None);
+        assert_eq!(ks_for(4096, 3), 4);
+        assert_eq!(ks_for(4096, 2), 2);
+        assert_eq!(ks_for(4096, 1), 1);
+        assert_eq!(ks_for(151936, 2), 1);
     }
 
     #[test]

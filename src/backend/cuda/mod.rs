@@ -52,7 +52,8 @@ pub use launch_fused::{
 };
 pub use launch_gemm::{chunk_rows, tile_cost, tile_efficiency, GemmPipe, GemmTile, GEMM_PIPE_BK};
 pub use launch_linear::{
-    gemv_default_grid, gemv_s2_smem, weight_block, GemvEntry, GemvGluArgs, Q8Activations,
+    gemv_default_grid, gemv_row_batches, gemv_s2_smem, weight_block, GemvEntry, GemvGluArgs,
+    Q8Activations,
 };
 pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
 pub use launch_moe_fused::{MoeDownArgs, MoeGateUpArgs, MoeRouterArgs, RouterNorm};

@@ -4,7 +4,7 @@
 //! multi-chunk rows, and a second launch with only 3 blocks makes each warp walk several rows.
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::{gemv_s2_smem, CudaError, GemvEntry, Q8Activations};
+use crate::backend::cuda::{gemv_row_batches, gemv_s2_smem, CudaError, GemvEntry, Q8Activations};
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::qdot::{dequantize_q8_1, gemv_ref, quantize_q8_1, random_weights, Q8Act};
 use crate::quant::GgmlType;
@@ -108,15 +108,21 @@ impl KernelCheck for GemvCheck {
             let want = gemv_ref(ty, &w, n, k, &xref).map_err(qerr)?;
             let w = super::device_layout(q, w, k).map_err(invalid)?;
             let (dw, dx) = (cx.dev.upload(&w)?, cx.dev.upload(&x)?);
-            // both entries (the `__s2` one where the instance has it), default and 3-block grids
+            // every entry (`__s2` / `__ks` where the instance has it), default and 3-block grids
             let s2 = gemv_s2_smem(spec).is_some();
+            let ks = gemv_row_batches(spec, k).is_some();
             for entry in [
                 GemvEntry::Main(None),
                 GemvEntry::Main(Some(3)),
                 GemvEntry::S2(None),
                 GemvEntry::S2(Some(3)),
+                GemvEntry::Ks(1),
+                GemvEntry::Ks(2),
+                GemvEntry::Ks(4),
             ] {
-                if matches!(entry, GemvEntry::S2(_)) && !s2 {
+                if matches!(entry, GemvEntry::S2(_)) && !s2
+                    || matches!(entry, GemvEntry::Ks(_)) && !ks
+                {
                     continue;
                 }
                 let mut y = cx.dev.filled_f32(bs * n, f32::NAN)?;

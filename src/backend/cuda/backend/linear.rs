@@ -135,6 +135,13 @@ impl CudaBackend {
         self.glu_fused_impl(&y, act)
     }
 
+    /// Whether a one-row `linear` over `w` (`[n, k]` in `quant`) splits each row's k range over
+    /// several warps (the GEMV's `__ks` entry: the same dots, summed in another order).
+    pub(crate) fn gemv_splits_k(&self, quant: Quant, n: usize, k: usize) -> bool {
+        self.kern(Op::Gemv, quant, BatchBucket::B1)
+            .is_ok_and(|kn| super::super::launch_linear::gemv_ks(kn.spec, n, k).is_some())
+    }
+
     /// The one-launch form of [`Self::linear_glu_impl`], None where it does not apply.
     pub(crate) fn gemv_glu(
         &self,
