@@ -157,17 +157,18 @@ pub fn gemv_row_batches(spec: &KernelSpec, k: usize) -> Option<usize> {
     Some(units.div_ceil(32 * unroll))
 }
 
-/// Warps a row group's k range is split over (the `__ks` entry: 2 or 4) for a batch-1 repacked
-/// GEMV of `n` rows of `k`, or None (the main entry). By default ([`ks_for`]) rows of several
-/// load batches are split so that each warp loads one batch (at most 4 ways), except for very
-/// tall matrices (the LM head), whose warps are plenty already. `FUCINA_GEMV_KS` (read once):
-/// `0` never, `2` / `4` that many ways wherever rows take two batches or more.
+/// Warps a row group's k range is split over (the `__ks` entry: 2, 4 or 8) for a batch-1
+/// repacked GEMV of `n` rows of `k`, or None (the main entry). By default ([`ks_for`]) rows of
+/// several load batches are split so that each warp loads one batch (at most 8 ways), except for
+/// very tall matrices (the LM head), whose warps are plenty already. `FUCINA_GEMV_KS` (read
+/// once): `0` never, `2` / `4` / `8` that many ways wherever rows take two batches or more.
 pub fn gemv_ks(spec: &KernelSpec, n: usize, k: usize) -> Option<u32> {
     static KS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     let forced = *KS.get_or_init(|| match std::env::var("FUCINA_GEMV_KS").as_deref() {
         Ok("0") | Ok("1") => Some(1),
         Ok("2") => Some(2),
         Ok("4") => Some(4),
+        Ok("8") => Some(8),
         _ => None,
     });
     let batches = gemv_row_batches(spec, k)?;
@@ -179,16 +180,24 @@ pub fn gemv_ks(spec: &KernelSpec, n: usize, k: usize) -> Option<u32> {
     (ks > 1).then_some(ks)
 }
 
-/// The default split of [`gemv_ks`]: the smallest of 1, 2, 4 that leaves each warp at most one
-/// load batch (4 when more remain), 1 for more than [`KS_MAX_ROWS`] rows.
+/// The default split of [`gemv_ks`]: the smallest of 1, 2, 4, 8 that leaves each warp at most one
+/// load batch (8 when more remain), 1 for more than [`KS_MAX_ROWS`] rows.
 fn ks_for(n: usize, batches: usize) -> u32 {
-    if n > KS_MAX_ROWS {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let max = *MAX.get_or_init(|| {
+        std::env::var("FUCINA_GEMV_KS_MAX_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(KS_MAX_ROWS)
+    });
+    if n > max {
         return 1;
     }
     match batches {
         0 | 1 => 1,
         2 => 2,
-        _ => 4,
+        3 | 4 => 4,
+        _ => 8,
     }
 }
 
@@ -206,7 +215,7 @@ pub enum GemvEntry {
     /// The `__s2` entry (an error when the instance has none); `Some(g)` blocks, or its default.
     S2(Option<u32>),
     /// The `__ks` entry of a batch-1 repacked instance: each row group's k range split over
-    /// this many warps (1, 2 or 4) of its block.
+    /// this many warps (1, 2, 4 or 8) of its block.
     Ks(u32),
 }
 
@@ -492,25 +501,28 @@ impl CudaDevice {
         };
         let grid = match entry {
             GemvEntry::Ks(ks) => {
-                if gemv_row_batches(kn.spec, k).is_none() || ![1, 2, 4].contains(&ks) {
+                if gemv_row_batches(kn.spec, k).is_none() || ![1, 2, 4, 8].contains(&ks) {
                     return Err(invalid(
                         OP,
                         format!("{} has no __ks entry for {ks} warps", kn.spec.name),
                     ));
                 }
                 let rows = kn.spec.param_u32("rows").unwrap_or(1).max(1) as usize;
+                // 8 ways: the 8-warp `__ks8` entry (`__ks` keeps 128-thread registers)
                 let ksk = Kern {
                     spec: kn.spec,
-                    f: self.function_suffixed(kn.spec, "ks")?,
+                    f: self.function_suffixed(kn.spec, if ks == 8 { "ks8" } else { "ks" })?,
                 };
-                let blocks = n.div_ceil(rows * 4 / ks as usize);
+                // blocks of max(4, ks) warps, ks of them per row group
+                let warps = ks.max(4);
+                let blocks = n.div_ceil(rows * (warps / ks) as usize);
                 let cfg = LaunchConfig {
                     grid_dim: (super::launch_ptr::grid(OP, blocks)?, 1, 1),
-                    block_dim: (128, 1, 1),
+                    block_dim: (32 * warps, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 let ks32 = ks as i32;
-                // (... as the main entry ..., int ks), ceil(n / (rows * 4 / ks)) blocks
+                // (... as the main entry ..., int ks)
                 return self.go(&ksk, cfg, &[&wp, &xp, &qp, &dp, &yp, &n32, &k32, &ks32]);
             }
             GemvEntry::S2(grid) => {
@@ -796,6 +808,7 @@ mod tests {
         assert_eq!(gemv_row_batches(q4k, 12288), Some(3));
         assert_eq!(gemv_row_batches(bs1(Quant::Q4_0), 12288), None);
         assert_eq!(ks_for(4096, 3), 4);
+        assert_eq!(ks_for(4096, 6), 8);
         assert_eq!(ks_for(4096, 2), 2);
         assert_eq!(ks_for(4096, 1), 1);
         assert_eq!(ks_for(151936, 2), 1);

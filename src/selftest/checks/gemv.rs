@@ -119,6 +119,7 @@ impl KernelCheck for GemvCheck {
                 GemvEntry::Ks(1),
                 GemvEntry::Ks(2),
                 GemvEntry::Ks(4),
+                GemvEntry::Ks(8),
             ] {
                 if matches!(entry, GemvEntry::S2(_)) && !s2
                     || matches!(entry, GemvEntry::Ks(_)) && !ks
