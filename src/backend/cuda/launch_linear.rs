@@ -201,6 +201,19 @@ fn ks_for(n: usize, batches: usize) -> u32 {
     }
 }
 
+/// The entry, warps per block and blocks of a k-split launch of `ks` ways over `n` rows: `__ks`
+/// (blocks of 4 warps, 4 / ks row groups each) for 1, 2 and 4 ways, `__ks8` (8 warps, one row
+/// group) for 8; None for any other split.
+fn ks_geometry(spec: &KernelSpec, ks: u32, n: usize) -> Option<(&'static str, u32, usize)> {
+    let (suffix, warps) = match ks {
+        1 | 2 | 4 => ("ks", 4),
+        8 => ("ks8", 8),
+        _ => return None,
+    };
+    let rows = spec.param_u32("rows").unwrap_or(1).max(1) as usize;
+    Some((suffix, warps, n.div_ceil(rows * (warps / ks) as usize)))
+}
+
 /// Rows above which [`ks_for`] does not split (an LM head's 151936 rows fill the GPU's warps
 /// many times over).
 const KS_MAX_ROWS: usize = 65536;
@@ -501,21 +514,19 @@ impl CudaDevice {
         };
         let grid = match entry {
             GemvEntry::Ks(ks) => {
-                if gemv_row_batches(kn.spec, k).is_none() || ![1, 2, 4, 8].contains(&ks) {
-                    return Err(invalid(
-                        OP,
-                        format!("{} has no __ks entry for {ks} warps", kn.spec.name),
-                    ));
-                }
-                let rows = kn.spec.param_u32("rows").unwrap_or(1).max(1) as usize;
-                // 8 ways: the 8-warp `__ks8` entry (`__ks` keeps 128-thread registers)
+                // only batch-1 repacked instances have the k-split entries
+                let (suffix, warps, blocks) = gemv_row_batches(kn.spec, k)
+                    .and_then(|_| ks_geometry(kn.spec, ks, n))
+                    .ok_or_else(|| {
+                        invalid(
+                            OP,
+                            format!("{} has no k-split entry for {ks} warps", kn.spec.name),
+                        )
+                    })?;
                 let ksk = Kern {
                     spec: kn.spec,
-                    f: self.function_suffixed(kn.spec, if ks == 8 { "ks8" } else { "ks" })?,
+                    f: self.function_suffixed(kn.spec, suffix)?,
                 };
-                // blocks of max(4, ks) warps, ks of them per row group
-                let warps = ks.max(4);
-                let blocks = n.div_ceil(rows * (warps / ks) as usize);
                 let cfg = LaunchConfig {
                     grid_dim: (super::launch_ptr::grid(OP, blocks)?, 1, 1),
                     block_dim: (32 * warps, 1, 1),
@@ -812,6 +823,12 @@ mod tests {
         assert_eq!(ks_for(4096, 2), 2);
         assert_eq!(ks_for(4096, 1), 1);
         assert_eq!(ks_for(151936, 2), 1);
+        // 2-row groups: 4 ways -> one group a 4-warp block; 2 ways -> two; 8 ways -> __ks8
+        assert_eq!(ks_geometry(q4, 4, 4096), Some(("ks", 4, 2048)));
+        assert_eq!(ks_geometry(q4, 2, 4096), Some(("ks", 4, 1024)));
+        assert_eq!(ks_geometry(q4, 1, 4097), Some(("ks", 4, 513)));
+        assert_eq!(ks_geometry(q8, 8, 4096), Some(("ks8", 8, 2048)));
+        assert_eq!(ks_geometry(q8, 3, 4096), None);
     }
 
     #[test]
