@@ -6,7 +6,8 @@
 //!   then `glu_fused` on the same device: h, its int8 values and its scales all equal (0; the
 //!   same dots, sums, activation and `q8_group`) where `linear` runs the GEMV's main entry;
 //!   where it splits the rows' k range over warps (`__ks`: the same dots summed in another
-//!   order) h and the scales within 1e-5 (the int8 values may differ by one at a rounding tie);
+//!   order) h and the scales within 1e-5 (not the int8 values: one moves by one wherever the
+//!   two sums round to opposite sides of a half);
 //! - `linear_glu` vs the int8 CPU backend's (its default: `linear`, then `glu_fused`): 1e-3, as
 //!   the other block-format GEMV rows.
 
