@@ -148,6 +148,9 @@ key_enum! {
         /// of d, dmin and the 6-bit scales / mins; src/quant/repack.rs).
         Q4KR => "q4_kr",
         Q6K => "q6_k",
+        /// Q6_K repacked at upload (per row: the 192-byte bodies of low nibbles and high bit
+        /// pairs, then the 18-byte heads of int8 scales and f16 d; src/quant/repack.rs).
+        Q6KR => "q6_kr",
         Fp8E4m3 => "fp8_e4m3",
         NvFp4 => "nvfp4",
     }

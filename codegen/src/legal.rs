@@ -17,13 +17,14 @@ const WEIGHT_FORMATS: &[Quant] = &[
     Quant::Q4K,
     Quant::Q4KR,
     Quant::Q6K,
+    Quant::Q6KR,
     Quant::Fp8E4m3,
     Quant::NvFp4,
 ];
 
 /// Formats repacked at upload from a GGUF one (src/quant/repack.rs): read by the GEMV,
 /// `dequant_bf16` and `embed` (a tied LM head is the embedding table).
-const REPACKED_FORMATS: &[Quant] = &[Quant::Q8_0R, Quant::Q4_0R, Quant::Q4KR];
+const REPACKED_FORMATS: &[Quant] = &[Quant::Q8_0R, Quant::Q4_0R, Quant::Q4KR, Quant::Q6KR];
 
 /// GGUF formats the dp4a / float GEMV paths read (no FP8 / FP4 expert banks in GGUF files).
 const GGUF_FORMATS: &[Quant] = &[

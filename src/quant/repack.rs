@@ -1,14 +1,16 @@
-//! Block formats repacked for the GPU decode GEMV (`q8_0r`, `q4_0r`, `q4_kr`): the same bytes as
-//! the GGUF rows, reordered within each row so that the blocks' quant bodies sit together
-//! (16-byte aligned) and their heads (scales) follow them.
+//! Block formats repacked for the GPU decode GEMV (`q8_0r`, `q4_0r`, `q4_kr`, `q6_kr`): the same
+//! bytes as the GGUF rows, reordered within each row so that the blocks' quant bodies sit
+//! together (16-byte aligned) and their heads (scales) follow them.
 //!
 //! A GGUF row of `k` elements is `k / E` blocks, each a head (`Q4_0`/`Q8_0`: the f16 scale;
-//! `Q4_K`: d, dmin and the 12 bytes of 6-bit scales and mins) then a body (the quants). Its
-//! repacked form has the same length: the `k / E` bodies in order, then the `k / E` heads. A warp
+//! `Q4_K`: d, dmin and the 12 bytes of 6-bit scales and mins) then a body (the quants), or for
+//! `Q6_K` a body (`ql`, `qh`) then a head (16 int8 scales, f16 d). Its repacked form has the
+//! same length: the `k / E` bodies in order, then the `k / E` heads. A warp
 //! then reads whole bodies with aligned, coalesced 16-byte loads instead of staging unaligned
 //! blocks through shared memory. Rows stay as many bytes apart as in the file, so row slices,
 //! chunks and embedding lookups address the matrix as before. Rows repack only when both the row
-//! and its head region start 16-byte aligned ([`Split::fits`]: `k % 256 == 0` for all three).
+//! and its head region start 16-byte aligned ([`Split::fits`]: `k % 256 == 0` for the first
+//! three, `k % 2048 == 0` for Q6_K's 210-byte blocks).
 
 use crate::kernels::Quant;
 
@@ -21,6 +23,8 @@ pub struct Split {
     pub head: usize,
     /// Body bytes.
     pub body: usize,
+    /// Whether the head ends the GGUF block (Q6_K) instead of starting it.
+    pub head_last: bool,
 }
 
 /// Q4_0: f16 d, 16 nibble bytes.
@@ -28,18 +32,28 @@ pub const Q4_0: Split = Split {
     elems: 32,
     head: 2,
     body: 16,
+    head_last: false,
 };
 /// Q8_0: f16 d, 32 int8.
 pub const Q8_0: Split = Split {
     elems: 32,
     head: 2,
     body: 32,
+    head_last: false,
 };
 /// Q4_K: f16 d, f16 dmin, 12 bytes of scales / mins; 128 nibble bytes.
 pub const Q4_K: Split = Split {
     elems: 256,
     head: 16,
     body: 128,
+    head_last: false,
+};
+/// Q6_K: 128 bytes of low nibbles and 64 of high bit pairs; 16 int8 scales, f16 d.
+pub const Q6_K: Split = Split {
+    elems: 256,
+    head: 18,
+    body: 192,
+    head_last: true,
 };
 
 impl Split {
@@ -76,11 +90,11 @@ impl Split {
     /// Large inputs are split by rows over the available cores.
     pub fn repack(self, src: &[u8], cols: usize, dst: &mut [u8]) -> Result<(), String> {
         let row = self.row_bytes(src.len(), dst.len(), cols)?;
-        let rows = |s: &[u8], d: &mut [u8]| match (self.head, self.body) {
-            (2, 16) => rows_to::<2, 16>(s, d, row),
-            (2, 32) => rows_to::<2, 32>(s, d, row),
-            (16, 128) => rows_to::<16, 128>(s, d, row),
-            (h, b) => rows_to_any(s, d, row, h, b),
+        let rows = |s: &[u8], d: &mut [u8]| match (self.head, self.body, self.head_last) {
+            (2, 16, false) => rows_to::<2, 16>(s, d, row),
+            (2, 32, false) => rows_to::<2, 32>(s, d, row),
+            (16, 128, false) => rows_to::<16, 128>(s, d, row),
+            _ => rows_to_any(s, d, row, self),
         };
         par_rows(src, dst, row, rows);
         Ok(())
@@ -94,11 +108,32 @@ impl Split {
         for (s, d) in src.chunks_exact(row).zip(dst.chunks_exact_mut(row)) {
             let (bodies, heads) = s.split_at(nb * b);
             for (i, blk) in d.chunks_exact_mut(self.block()).enumerate() {
-                blk[..h].copy_from_slice(&heads[h * i..h * (i + 1)]);
-                blk[h..].copy_from_slice(&bodies[b * i..b * (i + 1)]);
+                let (hd, bd) = self.parts_mut(blk);
+                hd.copy_from_slice(&heads[h * i..h * (i + 1)]);
+                bd.copy_from_slice(&bodies[b * i..b * (i + 1)]);
             }
         }
         Ok(())
+    }
+
+    /// A GGUF block's (head, body).
+    fn parts(self, blk: &[u8]) -> (&[u8], &[u8]) {
+        if self.head_last {
+            let (b, h) = blk.split_at(self.body);
+            (h, b)
+        } else {
+            blk.split_at(self.head)
+        }
+    }
+
+    /// [`Split::parts`], mutable.
+    fn parts_mut(self, blk: &mut [u8]) -> (&mut [u8], &mut [u8]) {
+        if self.head_last {
+            let (b, h) = blk.split_at_mut(self.body);
+            (h, b)
+        } else {
+            blk.split_at_mut(self.head)
+        }
     }
 
     /// [`Split::repack`] into a new buffer.
@@ -128,13 +163,15 @@ fn rows_to<const H: usize, const B: usize>(src: &[u8], dst: &mut [u8], row: usiz
 }
 
 /// [`rows_to`] for any block split.
-fn rows_to_any(src: &[u8], dst: &mut [u8], row: usize, h: usize, b: usize) {
+fn rows_to_any(src: &[u8], dst: &mut [u8], row: usize, split: Split) {
+    let (h, b) = (split.head, split.body);
     let nb = row / (h + b);
     for (s, d) in src.chunks_exact(row).zip(dst.chunks_exact_mut(row)) {
         let (bodies, heads) = d.split_at_mut(nb * b);
         for (i, blk) in s.chunks_exact(h + b).enumerate() {
-            heads[h * i..h * (i + 1)].copy_from_slice(&blk[..h]);
-            bodies[b * i..b * (i + 1)].copy_from_slice(&blk[h..]);
+            let (hd, bd) = split.parts(blk);
+            heads[h * i..h * (i + 1)].copy_from_slice(hd);
+            bodies[b * i..b * (i + 1)].copy_from_slice(bd);
         }
     }
 }
@@ -165,6 +202,7 @@ pub fn repacked_of(q: Quant) -> Option<(Quant, Split)> {
         Quant::Q8_0 => (Quant::Q8_0R, Q8_0),
         Quant::Q4_0 => (Quant::Q4_0R, Q4_0),
         Quant::Q4K => (Quant::Q4KR, Q4_K),
+        Quant::Q6K => (Quant::Q6KR, Q6_K),
         _ => return None,
     })
 }
@@ -175,6 +213,7 @@ pub fn source_of(q: Quant) -> Option<(Quant, Split)> {
         Quant::Q8_0R => (Quant::Q8_0, Q8_0),
         Quant::Q4_0R => (Quant::Q4_0, Q4_0),
         Quant::Q4KR => (Quant::Q4K, Q4_K),
+        Quant::Q6KR => (Quant::Q6K, Q6_K),
         _ => return None,
     })
 }
@@ -185,7 +224,7 @@ mod tests {
 
     #[test]
     fn layout_and_round_trip() {
-        for (s, cols) in [(Q4_0, 256usize), (Q8_0, 512), (Q4_K, 768)] {
+        for (s, cols) in [(Q4_0, 256usize), (Q8_0, 512), (Q4_K, 768), (Q6_K, 2048)] {
             let rows = 3;
             let nb = cols / s.elems;
             let row = nb * s.block();
@@ -193,10 +232,15 @@ mod tests {
             let r = s.repacked(&src, cols).unwrap();
             // row 2, block 1: body at body * 1 of the row, head at body * nb + head * 1
             let blk = &src[2 * row + s.block()..2 * row + 2 * s.block()];
+            let (head, body) = if s.head_last {
+                (&blk[s.body..], &blk[..s.body])
+            } else {
+                (&blk[..s.head], &blk[s.head..])
+            };
             let at = 2 * row;
-            assert_eq!(&r[at + s.body..at + 2 * s.body], &blk[s.head..]);
+            assert_eq!(&r[at + s.body..at + 2 * s.body], body);
             let h0 = at + nb * s.body + s.head;
-            assert_eq!(&r[h0..h0 + s.head], &blk[..s.head]);
+            assert_eq!(&r[h0..h0 + s.head], head);
             let mut back = vec![0u8; src.len()];
             s.unpack(&r, cols, &mut back).unwrap();
             assert_eq!(back, src);
@@ -205,13 +249,13 @@ mod tests {
 
     #[test]
     fn fixed_generic_and_threaded_paths_agree() {
-        for (s, cols) in [(Q4_0, 4096usize), (Q8_0, 4096), (Q4_K, 4096)] {
+        for (s, cols) in [(Q4_0, 4096usize), (Q8_0, 4096), (Q4_K, 4096), (Q6_K, 4096)] {
             let row = cols / s.elems * s.block();
             let rows = (6 << 20) / row; // over the threading threshold
             let src: Vec<u8> = (0..rows * row).map(|i| (i * 31 + i / 7) as u8).collect();
             let r = s.repacked(&src, cols).unwrap();
             let mut generic = vec![0u8; src.len()];
-            rows_to_any(&src, &mut generic, row, s.head, s.body);
+            rows_to_any(&src, &mut generic, row, s);
             assert_eq!(r, generic, "{s:?}");
             let mut back = vec![0u8; src.len()];
             s.unpack(&r, cols, &mut back).unwrap();
@@ -233,7 +277,10 @@ mod tests {
         // 640 = 20 Q4_0 blocks: 360-byte rows are not 16-byte aligned
         assert!(!Q4_0.fits(640) && !Q8_0.fits(640) && !Q4_K.fits(640));
         assert!(Q4_K.fits(256) && !Q4_0.fits(32));
-        for q in [Quant::Q8_0, Quant::Q4_0, Quant::Q4K] {
+        // Q6_K: 210-byte blocks, rows 16-byte aligned from 8 blocks (2048 values)
+        assert!(Q6_K.fits(2048) && Q6_K.fits(4096) && Q6_K.fits(12288));
+        assert!(!Q6_K.fits(3840) && !Q6_K.fits(1024) && !Q6_K.fits(256));
+        for q in [Quant::Q8_0, Quant::Q4_0, Quant::Q4K, Quant::Q6K] {
             let (r, s) = repacked_of(q).unwrap();
             assert_eq!(source_of(r), Some((q, s)));
         }

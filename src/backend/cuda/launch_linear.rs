@@ -40,7 +40,7 @@ pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
         Quant::Q4_0 | Quant::Q4_0R => (32, 18),
         Quant::Q5_0 => (32, 22),
         Quant::Q4K | Quant::Q4KR => (256, 144),
-        Quant::Q6K => (256, 210),
+        Quant::Q6K | Quant::Q6KR => (256, 210),
         Quant::NvFp4 => return None,
     })
 }
@@ -151,6 +151,7 @@ pub fn gemv_row_batches(spec: &KernelSpec, k: usize) -> Option<usize> {
     let units = match spec.key.quant {
         Quant::Q4_0R | Quant::Q8_0R => k / 32,
         Quant::Q4KR => k / 256 * 8,
+        Quant::Q6KR => k / 256 * 4,
         _ => return None,
     };
     let unroll = spec.param_u32("unroll")?.max(1) as usize;
@@ -817,7 +818,12 @@ mod tests {
         assert_eq!(gemv_row_batches(q8, 12288), Some(6));
         assert_eq!(gemv_row_batches(q4k, 4096), Some(1));
         assert_eq!(gemv_row_batches(q4k, 12288), Some(3));
+        // q6_kr: 64-value units, 2 a lane a batch: Qwen3-8B's Q6_K down (3 batches, 4 ways) and V
+        let q6k = bs1(Quant::Q6KR);
+        assert_eq!(gemv_row_batches(q6k, 12288), Some(3));
+        assert_eq!(gemv_row_batches(q6k, 4096), Some(1));
         assert_eq!(gemv_row_batches(bs1(Quant::Q4_0), 12288), None);
+        assert_eq!(gemv_row_batches(bs1(Quant::Q6K), 12288), None);
         assert_eq!(ks_for(4096, 3), 4);
         assert_eq!(ks_for(4096, 6), 8);
         assert_eq!(ks_for(4096, 2), 2);

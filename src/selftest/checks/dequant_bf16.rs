@@ -4,7 +4,7 @@
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::{CudaError, DevPtr, Kern};
-use crate::kernels::{KernelKey, KernelSpec, Op};
+use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::gemm_ref::dequant_bf16;
 use crate::ops::qdot::random_weights;
 use crate::quant::{bf16_to_f32, GgmlType};
@@ -46,7 +46,13 @@ impl KernelCheck for DequantBf16Check {
         };
         let mut cmp = Comparison::default();
         let mut micros = 0.0;
-        for (rows, k) in [(37usize, 512usize), (3, 256), (4096, 4096)] {
+        // (q6_kr: rows of 210-byte blocks are 16-byte aligned from 2048 values)
+        let shapes: [(usize, usize); 3] = if q == Quant::Q6KR {
+            [(37, 2048), (3, 6144), (4096, 4096)]
+        } else {
+            [(37, 512), (3, 256), (4096, 4096)]
+        };
+        for (rows, k) in shapes {
             let mut wb =
                 random_weights(ty, rows, k, &mut cx.rng).map_err(|e| bad(e.to_string()))?;
             if ty == GgmlType::F32 && rows == 3 {
@@ -137,16 +143,7 @@ mod tests {
             }
             GgmlType::Q6K => {
                 let b = (g >> 5) * 210;
-                let e0 = (g & 31) * 8;
-                let (hf, k, l0) = (e0 >> 7, (e0 >> 5) & 3, e0 & 31);
-                let lo = ld8(w, b + hf * 64 + (k & 1) * 32 + l0);
-                let hi = ld8(w, b + 128 + hf * 32 + l0);
-                let ds = h(w, b + 208) * (w[b + 192 + (e0 >> 4)] as i8) as f32;
-                let sh = (k >> 1) * 4;
-                for i in 0..8 {
-                    let x = ((lo[i] >> sh) & 15) | (((hi[i] >> (2 * k)) & 3) << 4);
-                    v[i] = ds * (x as i32 - 32) as f32;
-                }
+                v = q6k_group(w, b, b + 192, g & 31);
             }
             GgmlType::F16 => {
                 for (i, o) in v.iter_mut().enumerate() {
@@ -185,15 +182,37 @@ mod tests {
                 .collect();
             assert_eq!(got, want, "{ty:?}");
         }
-        // q8_0r / q4_0r / q4_kr: the kernel's row / block arithmetic over the repacked bytes
+        // q8_0r / q4_0r / q4_kr / q6_kr: the kernel's row / block arithmetic over the repacked bytes
         type Model = fn(&[u8], usize, usize) -> [f32; 8];
-        let repacked: [(GgmlType, Split, Model); 3] = [
-            (GgmlType::Q8_0, repack::Q8_0, group_q8_0r),
-            (GgmlType::Q4_0, repack::Q4_0, group_q4_0r),
-            (GgmlType::Q4K, repack::Q4_K, group_q4_kr),
+        type Shapes = [(usize, usize); 2];
+        let repacked: [(GgmlType, Split, Model, Shapes); 4] = [
+            (
+                GgmlType::Q8_0,
+                repack::Q8_0,
+                group_q8_0r,
+                [(5, 512), (3, 3840)],
+            ),
+            (
+                GgmlType::Q4_0,
+                repack::Q4_0,
+                group_q4_0r,
+                [(5, 512), (3, 3840)],
+            ),
+            (
+                GgmlType::Q4K,
+                repack::Q4_K,
+                group_q4_kr,
+                [(5, 512), (3, 3840)],
+            ),
+            (
+                GgmlType::Q6K,
+                repack::Q6_K,
+                group_q6_kr,
+                [(5, 2048), (3, 6144)],
+            ),
         ];
-        for (ty, split, model) in repacked {
-            for (rows, k) in [(5usize, 512usize), (3, 3840)] {
+        for (ty, split, model, shapes) in repacked {
+            for (rows, k) in shapes {
                 let w = random_weights(ty, rows, k, &mut rng).unwrap();
                 let want = dequant_bf16(ty, &w, rows * k).unwrap();
                 let r = split.repacked(&w, k).unwrap();
@@ -234,6 +253,30 @@ mod tests {
         let x = ld8(w, body + (s >> 1) * 32 + q * 8);
         let sh = (s & 1) * 4;
         std::array::from_fn(|i| dl * ((x[i] >> sh) & 15) as f32 - ml)
+    }
+
+    /// Group `r` (0..31) of a Q6_K block whose body (ql, qh) is at `body` and head (scales, d)
+    /// at `hd`.
+    fn q6k_group(w: &[u8], body: usize, hd: usize, r: usize) -> [f32; 8] {
+        let e0 = r * 8;
+        let (hf, k, l0) = (e0 >> 7, (e0 >> 5) & 3, e0 & 31);
+        let lo = ld8(w, body + hf * 64 + (k & 1) * 32 + l0);
+        let hi = ld8(w, body + 128 + hf * 32 + l0);
+        let ds = h(w, hd + 16) * (w[hd + (e0 >> 4)] as i8) as f32;
+        let sh = (k >> 1) * 4;
+        std::array::from_fn(|i| {
+            let x = ((lo[i] >> sh) & 15) | (((hi[i] >> (2 * k)) & 3) << 4);
+            ds * (x as i32 - 32) as f32
+        })
+    }
+
+    /// The q6_kr branch of the kernel: group `g` of a repacked matrix of `cols`-value rows.
+    fn group_q6_kr(w: &[u8], cols: usize, g: usize) -> [f32; 8] {
+        let nb = cols >> 8;
+        let blk = g >> 5;
+        let (rw, bi) = (blk / nb, blk % nb);
+        let row = rw * nb * 210;
+        q6k_group(w, row + 192 * bi, row + 192 * nb + 18 * bi, g & 31)
     }
 
     /// The q4_kr branch of the kernel: group `g` of a repacked matrix of `cols`-value rows.

@@ -89,6 +89,8 @@ impl KernelCheck for GemvCheck {
         let float_w = ty.block().0 == 1;
         let shapes: &[(usize, usize)] = match ty {
             // rows of whole 256-value groups; 40 blocks leave lanes idle, 256 take two batches
+            // (Q6_K: 210-byte blocks, rows 16-byte aligned from 2048 values)
+            GgmlType::Q6K if repacked => &[(1001, 2048), (67, 8192)],
             _ if repacked => &[(1001, 1280), (67, 8192)],
             GgmlType::Q4K | GgmlType::Q6K => &[(1001, 3840), (64, 10240)],
             _ if float_w => &[(1001, 1184), (77, 1187)],

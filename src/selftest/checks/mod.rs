@@ -47,6 +47,7 @@ pub(super) fn source_type(q: Quant) -> Option<(GgmlType, bool)> {
         Quant::Q4K => (GgmlType::Q4K, false),
         Quant::Q4KR => (GgmlType::Q4K, true),
         Quant::Q6K => (GgmlType::Q6K, false),
+        Quant::Q6KR => (GgmlType::Q6K, true),
         _ => return None,
     })
 }

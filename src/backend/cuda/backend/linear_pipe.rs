@@ -50,6 +50,7 @@ pub(crate) fn has_pipe(q: Quant) -> bool {
             | Quant::Q4K
             | Quant::Q4KR
             | Quant::Q6K
+            | Quant::Q6KR
     )
 }
 

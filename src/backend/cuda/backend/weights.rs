@@ -2,9 +2,9 @@
 //! F32/F16/BF16 elements as they are), with host conversion only where no kernel reads the
 //! format: other GGML block types become F16, block-scaled FP8 becomes BF16 (no FP8 GEMV yet),
 //! 1-D weights (norms, scalars) become f32. NVFP4 is refused. Q8_0 / Q4_0 / Q4_K matrices whose rows
-//! are whole 256-element groups are repacked within each row on the way (`q8_0r`, `q4_0r`, `q4_kr`,
-//! src/quant/repack.rs: the same bytes, so no second copy; `FUCINA_REPACK=0` keeps the GGUF
-//! layout).
+//! are whole 256-element groups (Q6_K: 2048, and at most 65536 rows) are repacked within each row on the way (`q8_0r`,
+//! `q4_0r`, `q4_kr`, `q6_kr`, src/quant/repack.rs: the same bytes, so no second copy;
+//! `FUCINA_REPACK=0` keeps the GGUF layout).
 
 use std::sync::atomic::Ordering;
 
@@ -25,8 +25,8 @@ use crate::weights::{TensorFormat, TensorRef};
 pub(crate) enum Plan {
     /// Bytes as they are, read by kernels of this format.
     AsIs(Quant),
-    /// GGUF block rows repacked on the host into this repacked format (`q8_0r`, `q4_0r`, `q4_kr`: same
-    /// length, src/quant/repack.rs), slab by slab.
+    /// GGUF block rows repacked on the host into this repacked format (`q8_0r`, `q4_0r`, `q4_kr`,
+    /// `q6_kr`: same length, src/quant/repack.rs), slab by slab.
     Repack(Quant),
     /// Dequantised on the host, stored as F16 (GGML types without kernels).
     ToF16,
@@ -59,8 +59,21 @@ pub(crate) fn repack_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("FUCINA_REPACK").map_or(true, |v| v != "0"))
 }
 
-/// The storage plan of a tensor of `format` and `shape`; `repack`: Q8_0 / Q4_0 / Q4_K matrices
-/// (2-D, rows of whole 256-element groups) become `q8_0r` / `q4_0r` / `q4_kr`. Expert banks (3-D) keep their layout: the MoE
+/// Whether Q6_K matrices are repacked (`q6_kr`) when the others are, unless
+/// `FUCINA_REPACK_Q6K=0` (for A/B runs).
+fn repack_q6k() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FUCINA_REPACK_Q6K").map_or(true, |v| v != "0"))
+}
+
+/// Most rows of a Q6_K matrix that is repacked. An LM head (151936 rows) keeps the GGUF layout:
+/// the staged `q6_k` GEMV streams it at ~3.7 TB/s on the H200, and the register-direct one
+/// measured 1-2% slower there (session 16).
+const Q6K_REPACK_MAX_ROWS: usize = 65536;
+
+/// The storage plan of a tensor of `format` and `shape`; `repack`: Q8_0 / Q4_0 / Q4_K / Q6_K
+/// matrices (2-D, rows of whole 256-element groups; 2048 for Q6_K) become `q8_0r` / `q4_0r` /
+/// `q4_kr` / `q6_kr`. Expert banks (3-D) keep their layout: the MoE
 /// kernels read GGUF blocks.
 pub(crate) fn plan(format: TensorFormat, shape: &[usize], repack: bool) -> Plan {
     if format == TensorFormat::NvFp4 {
@@ -73,10 +86,16 @@ pub(crate) fn plan(format: TensorFormat, shape: &[usize], repack: bool) -> Plan 
     }
     match format {
         TensorFormat::Ggml(ty) => match ggml_quant(ty) {
-            Some(q) if repack && shape.len() == 2 => match repacked_of(q) {
-                Some((r, split)) if split.fits(shape[1]) => Plan::Repack(r),
-                _ => Plan::AsIs(q),
-            },
+            Some(q)
+                if repack
+                    && shape.len() == 2
+                    && (q != Quant::Q6K || (repack_q6k() && shape[0] <= Q6K_REPACK_MAX_ROWS)) =>
+            {
+                match repacked_of(q) {
+                    Some((r, split)) if split.fits(shape[1]) => Plan::Repack(r),
+                    _ => Plan::AsIs(q),
+                }
+            }
             Some(q) => Plan::AsIs(q),
             None if ty.can_dequantize() => Plan::ToF16,
             None => Plan::Unsupported(format!("GGML type {} cannot be dequantised", ty.name())),
@@ -335,5 +354,13 @@ mod tests {
         assert_eq!(plan(q4, &[4, 256], false), Plan::AsIs(Quant::Q4_0));
         assert_eq!(plan(q4, &[4, 640], true), Plan::AsIs(Quant::Q4_0));
         assert_eq!(plan(q4, &[8, 4, 256], true), Plan::AsIs(Quant::Q4_0));
+        // Q6_K: rows of 2048-value multiples (210-byte blocks, 16-byte aligned rows)
+        let q6 = TensorFormat::Ggml(GgmlType::Q6K);
+        assert_eq!(plan(q6, &[4, 4096], true), Plan::Repack(Quant::Q6KR));
+        assert_eq!(plan(q6, &[4, 3840], true), Plan::AsIs(Quant::Q6K));
+        assert_eq!(plan(q6, &[8, 4, 4096], true), Plan::AsIs(Quant::Q6K));
+        // an LM head keeps the staged kernel's layout
+        assert_eq!(plan(q6, &[65536, 4096], true), Plan::Repack(Quant::Q6KR));
+        assert_eq!(plan(q6, &[151936, 4096], true), Plan::AsIs(Quant::Q6K));
     }
 }
