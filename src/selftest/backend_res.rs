@@ -42,7 +42,7 @@ fn norm<T>(mode: Mode, w: &T) -> Norm<'_, T> {
 }
 
 pub(super) fn linear_res_cases(cx: &mut Ctx) {
-    use GgmlType::{Q4K, Q4_0, Q8_0};
+    use GgmlType::{Q4K, Q4_0, Q6K, Q8_0};
     // (producer format, k, n, norm, consumer)
     let cases = [
         (
@@ -81,6 +81,9 @@ pub(super) fn linear_res_cases(cx: &mut Ctx) {
             Next::Glu(Q4K, 256, Activation::Silu),
         ),
         (Q4K, 4096, 1024, Mode::Plain, Next::Linear(Q4K, &[512, 256])),
+        // q6_kr producers (Q4_K_M's Q6_K down projections) and consumers
+        (Q6K, 4096, 1024, Mode::Plain, Next::Linear(Q4K, &[512, 256])),
+        (Q6K, 4096, 2048, Mode::OnePlus, Next::Linear(Q6K, &[256])),
         (
             Q4_0,
             1024,
