@@ -91,9 +91,10 @@ impl Split {
     pub fn repack(self, src: &[u8], cols: usize, dst: &mut [u8]) -> Result<(), String> {
         let row = self.row_bytes(src.len(), dst.len(), cols)?;
         let rows = |s: &[u8], d: &mut [u8]| match (self.head, self.body, self.head_last) {
-            (2, 16, false) => rows_to::<2, 16>(s, d, row),
-            (2, 32, false) => rows_to::<2, 32>(s, d, row),
-            (16, 128, false) => rows_to::<16, 128>(s, d, row),
+            (2, 16, false) => rows_to::<2, 16, false>(s, d, row),
+            (2, 32, false) => rows_to::<2, 32, false>(s, d, row),
+            (16, 128, false) => rows_to::<16, 128, false>(s, d, row),
+            (18, 192, true) => rows_to::<18, 192, true>(s, d, row),
             _ => rows_to_any(s, d, row, self),
         };
         par_rows(src, dst, row, rows);
@@ -144,9 +145,13 @@ impl Split {
     }
 }
 
-/// Rows of `row` bytes, blocks of head `H` + body `B` bytes: bodies first, then heads (fixed
-/// sizes, so each copy is a few moves).
-fn rows_to<const H: usize, const B: usize>(src: &[u8], dst: &mut [u8], row: usize) {
+/// Rows of `row` bytes, blocks of head `H` + body `B` bytes (the head last in the GGUF block
+/// when `LAST`: Q6_K): bodies first, then heads (fixed sizes, so each copy is a few moves).
+fn rows_to<const H: usize, const B: usize, const LAST: bool>(
+    src: &[u8],
+    dst: &mut [u8],
+    row: usize,
+) {
     let nb = row / (H + B);
     for (s, d) in src.chunks_exact(row).zip(dst.chunks_exact_mut(row)) {
         let (bodies, heads) = d.split_at_mut(nb * B);
@@ -155,7 +160,12 @@ fn rows_to<const H: usize, const B: usize>(src: &[u8], dst: &mut [u8], row: usiz
             .zip(bodies.chunks_exact_mut(B))
             .zip(heads.chunks_exact_mut(H))
         {
-            let (h, b) = blk.split_at(H);
+            let (h, b) = if LAST {
+                let (b, h) = blk.split_at(B);
+                (h, b)
+            } else {
+                blk.split_at(H)
+            };
             head.copy_from_slice(h);
             body.copy_from_slice(b);
         }
