@@ -84,6 +84,14 @@ pub(super) fn linear_res_cases(cx: &mut Ctx) {
         // q6_kr producers (Q4_K_M's Q6_K down projections) and consumers
         (Q6K, 4096, 1024, Mode::Plain, Next::Linear(Q4K, &[512, 256])),
         (Q6K, 4096, 2048, Mode::OnePlus, Next::Linear(Q6K, &[256])),
+        // a gate|up of 32 GLU groups after a q6_kr producer (`__rsglu`'s counters)
+        (
+            Q6K,
+            2048,
+            1024,
+            Mode::Plain,
+            Next::Glu(Q4K, 1024, Activation::Silu),
+        ),
         (
             Q4_0,
             1024,
@@ -153,6 +161,44 @@ pub(super) fn linear_res_cases(cx: &mut Ctx) {
                 Ok((flat(&cx.gpu, deferred)?, flat(&cx.gpu, composed)?))
             },
         );
+        if let Next::Glu(_, ff, _) = &next {
+            // the GLU output's int8 side-car (written by `__rsglu` or the GLU kernel) is what
+            // quantize_q8 makes of it: a GEMV from it equals one from a plain copy, bit for bit
+            let ff = *ff;
+            let Ok(db) = random_weights(Q8_0, 256, ff, &mut cx.rng) else {
+                continue;
+            };
+            let dr = tref("down", Q8_0, vec![256, ff], &db);
+            cx.case(
+                format!("linear_add_rms_norm_then {label} deferred: GLU side-car == quantize_q8"),
+                0.0,
+                |cx| {
+                    let g = Loaded::new(&cx.gpu, (&wr, &crefs), (&x, &h, &nw))?;
+                    let wrefs: Vec<&GpuWeight> = g.ws.iter().collect();
+                    let (_, outs) = cx
+                        .gpu
+                        .deferred_norm(
+                            &g.x,
+                            &g.w,
+                            &g.h,
+                            &norm(mode, &g.nw),
+                            eps,
+                            &next_of(&wrefs, act),
+                        )?
+                        .ok_or_else(|| {
+                            anyhow::anyhow!("the deferred path did not take the case")
+                        })?;
+                    let hg = &outs[0];
+                    anyhow::ensure!(hg.q8.is_some(), "the deferred GLU wrote no side-car");
+                    let dw = cx.gpu.upload(&dr)?;
+                    let plain = cx.gpu.tensor(&host(&cx.gpu, hg)?, 1, ff)?;
+                    Ok((
+                        host(&cx.gpu, &cx.gpu.linear(hg, &dw)?)?,
+                        host(&cx.gpu, &cx.gpu.linear(&plain, &dw)?)?,
+                    ))
+                },
+            );
+        }
         cx.case(
             format!("linear_add_rms_norm_then {label} vs CPU int8"),
             1e-3,

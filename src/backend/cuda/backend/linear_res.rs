@@ -8,8 +8,8 @@
 //! launch computes the norm itself. The normed row differs from `add_rms_norm`'s in rounding
 //! only (its int8 blocks are those of s * w, times rstd).
 //!
-//! Where it is taken by default is measured ([`defer_by_default`]): after q4_kr projections,
-//! not where the gate|up GEMV runs as one `__glu` launch. `FUCINA_DEFER_NORM=0` / `=1`
+//! Where it is taken by default is measured ([`defer_by_default`]): after q4_kr and q6_kr
+//! projections, not where the gate|up GEMV runs as one `__glu` launch. `FUCINA_DEFER_NORM=0` / `=1`
 //! overrides. Anything the kernels do not take runs the composition (`linear`, `add_rms_norm`,
 //! the consumers).
 
@@ -38,9 +38,13 @@ fn defer_env() -> Option<bool> {
 /// (Q4_K_M: +1.5% at prompt 512, three runs each; +1.6% / +2.5% at prompt 16), and not where the
 /// gate|up runs as one `__glu` launch (deferred, that launch ran Q8_0 15% and Q4_0 2% slower).
 /// After q8_0r and q4_0r projections the deferred q/k/v measured within noise or mixed (Q8_0
-/// +1.5% at prompt 16, -0.3% at 512; Q4_0 +1.5% and -1.3% in two builds).
+/// +1.5% at prompt 16, -0.3% at 512; Q4_0 +1.5% and -1.3% in two builds). After q6_kr ones
+/// (Q4_K_M's Q6_K down projections, sessions 19 and 20): Qwen3-8B Q4_K_M +1.1% (469.1 -> 474.1,
+/// two runs) and +1.2% (468.0 -> 473.7, three runs each). A gate|up with the GLU in its `__rs`
+/// launch (`__rsglu`, arrival counters per 32 outputs) ran Q4_K_M 11% slower than `__rs` + the
+/// GLU kernel (session 20).
 fn defer_by_default(producer: Quant, glu_launch: bool) -> bool {
-    !glu_launch && producer == Quant::Q4KR
+    !glu_launch && matches!(producer, Quant::Q4KR | Quant::Q6KR)
 }
 
 fn shape(detail: String) -> BackendError {
@@ -211,11 +215,13 @@ impl CudaBackend {
 mod tests {
     use super::*;
 
-    /// The default follows the measurements: after a q4_kr projection, a gate|up only where it
+    /// The default follows the measurements: after a q4_kr or q6_kr projection, a gate|up only where it
     /// is not one `__glu` launch; nothing after q4_0r / q8_0r projections.
     #[test]
     fn defers_where_measured() {
         assert!(defer_by_default(Quant::Q4KR, false));
+        assert!(defer_by_default(Quant::Q6KR, false));
+        assert!(!defer_by_default(Quant::Q6KR, true));
         assert!(!defer_by_default(Quant::Q4KR, true));
         assert!(!defer_by_default(Quant::Q8_0R, false));
         assert!(!defer_by_default(Quant::Q4_0R, false));
