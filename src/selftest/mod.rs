@@ -10,6 +10,7 @@ mod backend_glu;
 mod backend_moe;
 mod backend_ops;
 mod backend_prefill;
+mod backend_qkv;
 mod backend_res;
 mod check;
 mod checks;

@@ -113,11 +113,29 @@ impl<B: Backend> Dense<B> {
     }
 }
 
+/// Narrowest input for which q and k are fused apart from v ([`Qkv::QkFused`]). Measured on the
+/// H200 (session 20, decode A/B, three runs each): Qwen3-8B Q4_K_M (inputs of 4096) 475.2 ->
+/// 478.7 tok/s (+0.7%), Qwen3-30B-A3B Q4_K_M (inputs of 2048) 500.8 -> 498.3 (-0.5%), so the
+/// 30B keeps three launches.
+const QK_FUSE_MIN_COLS: usize = 4096;
+
+/// `FUCINA_QKV_SPLIT=1` (read once; for A/B runs): q, k and v as three weights whatever their
+/// formats.
+fn qkv_split_forced() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FUCINA_QKV_SPLIT").as_deref() == Ok("1"))
+}
+
 /// The Q, K and V projections of an attention layer: one fused weight when the three share a
-/// GGML format, else three.
+/// GGML format, q|k and v where only q and k do (inputs of [`QK_FUSE_MIN_COLS`] or more), else
+/// three.
 pub enum Qkv<B: Backend> {
     /// `[q_out + k_out + v_out, in]` and the three widths.
     Fused(B::Weight, [usize; 3]),
+    /// `[q_out + k_out, in]` and the two widths, then v apart: where v's format differs from
+    /// q's and k's (Q4_K_M files' Q6_K `attn_v` on the layers that get more bits) and the input
+    /// is at least [`QK_FUSE_MIN_COLS`] wide, two GEMV launches instead of three.
+    QkFused(B::Weight, [usize; 2], B::Weight),
     Split {
         q: B::Weight,
         k: B::Weight,
@@ -128,10 +146,23 @@ pub enum Qkv<B: Backend> {
 impl<B: Backend> Qkv<B> {
     pub fn load(be: &B, q: &TensorRef<'_>, k: &TensorRef<'_>, v: &TensorRef<'_>) -> R<Self> {
         let parts = [q.clone(), k.clone(), v.clone()];
+        if qkv_split_forced() {
+            return Ok(Qkv::Split {
+                q: bk!(be.upload(q))?,
+                k: bk!(be.upload(k))?,
+                v: bk!(be.upload(v))?,
+            });
+        }
         if can_concat(&parts) {
             let name = format!("{}+{}+{}", q.name, k.name, v.name);
             let w = bk!(be.upload_concat(&name, &parts))?;
             return Ok(Qkv::Fused(w, [q.rows(), k.rows(), v.rows()]));
+        }
+        let qk = [q.clone(), k.clone()];
+        if q.cols() >= QK_FUSE_MIN_COLS && can_concat(&qk) {
+            let name = format!("{}+{}", q.name, k.name);
+            let w = bk!(be.upload_concat(&name, &qk))?;
+            return Ok(Qkv::QkFused(w, [q.rows(), k.rows()], bk!(be.upload(v))?));
         }
         Ok(Qkv::Split {
             q: bk!(be.upload(q))?,
@@ -154,6 +185,7 @@ impl<B: Backend> Qkv<B> {
     pub fn weights(&self) -> Vec<&B::Weight> {
         match self {
             Qkv::Fused(w, _) => vec![w],
+            Qkv::QkFused(qk, _, v) => vec![qk, v],
             Qkv::Split { q, k, v } => vec![q, k, v],
         }
     }
@@ -167,6 +199,11 @@ impl<B: Backend> Qkv<B> {
                 bk!(be.slice_cols(&y, 0, *nq))?,
                 bk!(be.slice_cols(&y, *nq, *nk))?,
                 bk!(be.slice_cols(&y, nq + nk, *nv))?,
+            )),
+            (Qkv::QkFused(_, [nq, nk], _), Some(y), Some(v), None) => Ok((
+                bk!(be.slice_cols(&y, 0, *nq))?,
+                bk!(be.slice_cols(&y, *nq, *nk))?,
+                v,
             )),
             (Qkv::Split { .. }, Some(q), Some(k), Some(v)) => Ok((q, k, v)),
             _ => Err(ModelError::Other(format!(
@@ -317,5 +354,52 @@ impl<B: Backend> AttentionLayer<B> {
             a = bk!(be.sigmoid_gate(&a, &g))?;
         }
         Ok(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::ops::qdot::random_weights;
+    use crate::quant::GgmlType;
+    use crate::weights::{Scales, TensorFormat, TensorRef};
+    use rand::{Rng, SeedableRng};
+
+    fn tref<'a>(name: &str, ty: GgmlType, rows: usize, cols: usize, d: &'a [u8]) -> TensorRef<'a> {
+        TensorRef {
+            name: name.into(),
+            shape: vec![rows, cols],
+            format: TensorFormat::Ggml(ty),
+            data: d,
+            scales: Scales::default(),
+        }
+    }
+
+    /// A Q4_K_M layer's q / k (Q4_K) and v (Q6_K): q|k fused apart from v at inputs of
+    /// QK_FUSE_MIN_COLS, the same projections as three separate ones; narrower inputs keep three.
+    #[test]
+    fn qk_fused_apart_from_v_gives_the_three_projections() {
+        let be = CpuBackend::new();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for (cols, fused) in [(QK_FUSE_MIN_COLS, true), (QK_FUSE_MIN_COLS / 2, false)] {
+            let wq = random_weights(GgmlType::Q4K, 64, cols, &mut rng).unwrap();
+            let wk = random_weights(GgmlType::Q4K, 32, cols, &mut rng).unwrap();
+            let wv = random_weights(GgmlType::Q6K, 32, cols, &mut rng).unwrap();
+            let q = tref("q", GgmlType::Q4K, 64, cols, &wq);
+            let k = tref("k", GgmlType::Q4K, 32, cols, &wk);
+            let v = tref("v", GgmlType::Q6K, 32, cols, &wv);
+            let qkv = Qkv::load(&be, &q, &k, &v).unwrap();
+            assert_eq!(matches!(qkv, Qkv::QkFused(_, [64, 32], _)), fused);
+            assert_eq!(qkv.weights().len(), if fused { 2 } else { 3 });
+            let xs: Vec<f32> = (0..2 * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let x = be.tensor(&xs, 2, cols).unwrap();
+            let (yq, yk, yv) = qkv.forward(&be, &x).unwrap();
+            for (y, w, rows) in [(yq, &q, 64), (yk, &k, 32), (yv, &v, 32)] {
+                let want = be.linear(&x, &be.upload(w).unwrap()).unwrap();
+                assert_eq!(be.dims(&y), (2, rows));
+                assert_eq!(be.to_host(&y).unwrap(), be.to_host(&want).unwrap());
+            }
+        }
     }
 }
