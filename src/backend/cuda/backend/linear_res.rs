@@ -215,8 +215,8 @@ impl CudaBackend {
 mod tests {
     use super::*;
 
-    /// The default follows the measurements: after a q4_kr or q6_kr projection, a gate|up only where it
-    /// is not one `__glu` launch; nothing after q4_0r / q8_0r projections.
+    /// The default follows the measurements: after a q4_kr or q6_kr projection, a gate|up only
+    /// where it is not one `__glu` launch; nothing after q4_0r / q8_0r projections.
     #[test]
     fn defers_where_measured() {
         assert!(defer_by_default(Quant::Q4KR, false));
