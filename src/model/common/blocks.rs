@@ -145,24 +145,19 @@ pub enum Qkv<B: Backend> {
 
 impl<B: Backend> Qkv<B> {
     pub fn load(be: &B, q: &TensorRef<'_>, k: &TensorRef<'_>, v: &TensorRef<'_>) -> R<Self> {
-        let parts = [q.clone(), k.clone(), v.clone()];
-        if qkv_split_forced() {
-            return Ok(Qkv::Split {
-                q: bk!(be.upload(q))?,
-                k: bk!(be.upload(k))?,
-                v: bk!(be.upload(v))?,
-            });
-        }
-        if can_concat(&parts) {
-            let name = format!("{}+{}+{}", q.name, k.name, v.name);
-            let w = bk!(be.upload_concat(&name, &parts))?;
-            return Ok(Qkv::Fused(w, [q.rows(), k.rows(), v.rows()]));
-        }
-        let qk = [q.clone(), k.clone()];
-        if q.cols() >= QK_FUSE_MIN_COLS && can_concat(&qk) {
-            let name = format!("{}+{}", q.name, k.name);
-            let w = bk!(be.upload_concat(&name, &qk))?;
-            return Ok(Qkv::QkFused(w, [q.rows(), k.rows()], bk!(be.upload(v))?));
+        if !qkv_split_forced() {
+            let parts = [q.clone(), k.clone(), v.clone()];
+            if can_concat(&parts) {
+                let name = format!("{}+{}+{}", q.name, k.name, v.name);
+                let w = bk!(be.upload_concat(&name, &parts))?;
+                return Ok(Qkv::Fused(w, [q.rows(), k.rows(), v.rows()]));
+            }
+            let qk = [q.clone(), k.clone()];
+            if q.cols() >= QK_FUSE_MIN_COLS && can_concat(&qk) {
+                let name = format!("{}+{}", q.name, k.name);
+                let w = bk!(be.upload_concat(&name, &qk))?;
+                return Ok(Qkv::QkFused(w, [q.rows(), k.rows()], bk!(be.upload(v))?));
+            }
         }
         Ok(Qkv::Split {
             q: bk!(be.upload(q))?,
