@@ -83,7 +83,14 @@ pub(super) fn linear_res_cases(cx: &mut Ctx) {
         (Q4K, 4096, 1024, Mode::Plain, Next::Linear(Q4K, &[512, 256])),
         // q6_kr producers (Q4_K_M's Q6_K down projections) and consumers
         (Q6K, 4096, 1024, Mode::Plain, Next::Linear(Q4K, &[512, 256])),
-        (Q6K, 4096, 2048, Mode::OnePlus, Next::Linear(Q6K, &[256])),
+        // q6_kr consumers of 256 rows (`__rs2`) and 4096 (`__rs`)
+        (
+            Q6K,
+            4096,
+            2048,
+            Mode::OnePlus,
+            Next::Linear(Q6K, &[256, 4096]),
+        ),
         // a gate|up of 32 GLU groups after a q6_kr producer (`__rsglu`'s counters)
         (
             Q6K,

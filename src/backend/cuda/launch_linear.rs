@@ -594,7 +594,8 @@ fn glu_warps_env() -> Option<u32> {
     })
 }
 
-/// Warps per block of the `__glu` entry: 8, each taking 4 of a block's 32 two-row steps.
+/// Warps per block of the `__glu` entry: 8, each taking 4 of a block's 32 two-row steps (2 of
+/// 16 four-row steps at R = 4).
 const GLU_WARPS: u32 = 8;
 
 /// Whether a `__glu` launch of `blocks` blocks of [`GLU_WARPS`] warps runs in one wave
@@ -816,12 +817,14 @@ mod tests {
         assert_eq!(gemv_row_batches(q4, 15360), Some(4));
         assert_eq!(gemv_row_batches(q8, 4096), Some(2));
         assert_eq!(gemv_row_batches(q8, 12288), Some(6));
-        assert_eq!(gemv_row_batches(q4k, 4096), Some(1));
-        assert_eq!(gemv_row_batches(q4k, 12288), Some(3));
-        // q6_kr: 64-value units, 2 a lane a batch: Qwen3-8B's Q6_K down (3 batches, 4 ways) and V
+        // q4_kr: 2 words a lane a batch (4 rows a step)
+        assert_eq!(gemv_row_batches(q4k, 4096), Some(2));
+        assert_eq!(gemv_row_batches(q4k, 12288), Some(6));
+        // q6_kr: 64-value units, 1 a lane a batch (4 rows a step): Qwen3-8B's Q6_K down (6
+        // batches, 8 ways) and V (2 batches, 2 ways)
         let q6k = bs1(Quant::Q6KR);
-        assert_eq!(gemv_row_batches(q6k, 12288), Some(3));
-        assert_eq!(gemv_row_batches(q6k, 4096), Some(1));
+        assert_eq!(gemv_row_batches(q6k, 12288), Some(6));
+        assert_eq!(gemv_row_batches(q6k, 4096), Some(2));
         assert_eq!(gemv_row_batches(bs1(Quant::Q4_0), 12288), None);
         assert_eq!(gemv_row_batches(bs1(Quant::Q6K), 12288), None);
         assert_eq!(ks_for(4096, 3), 4);

@@ -13,7 +13,7 @@ use super::launch_linear::gemv_default_grid;
 use super::launch_prefill::KernEntry;
 use super::launch_ptr::{expect, int, invalid, NormWeightPtr};
 use super::CudaDevice;
-use crate::kernels::Op;
+use crate::kernels::{KernelSpec, Op, Quant};
 
 /// A norm handed over deferred: the partial sums of squares its `__res` launch wrote (one per
 /// 32 values of the row) and its eps.
@@ -47,7 +47,8 @@ pub struct GemvResArgs {
     pub k: usize,
 }
 
-/// Warps per block of a `__res` launch (32 rows a block: one two-row step each).
+/// Warps per block of a `__res` launch (32 rows a block: one step of R rows each at R = 2;
+/// at R = 4, 8 steps over 2 warps each, the k range split).
 /// `FUCINA_RES_WARPS=N` (1..=16) overrides it, for tuning.
 pub fn res_warps() -> u32 {
     static W: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
@@ -58,6 +59,22 @@ pub fn res_warps() -> u32 {
             .filter(|w| (1..=16).contains(w))
             .unwrap_or(16)
     })
+}
+
+/// The consumer entry of a deferred norm for `rows` rows of a batch-1 `spec` on `sms`
+/// multiprocessors: `__rs`, or q6_kr's `__rs2` (2 rows a warp step) where `__rs` at the
+/// instance's rows would give fewer blocks than a third of the multiprocessors. Measured on the
+/// H200 (session 21, two runs each): Qwen3-30B-A3B, whose 512-row V projections give 32 blocks
+/// at 4 rows a step, 499.1 tok/s without `__rs2` and 501.9 with it; Qwen3-8B Q4_K_M (1024-row V,
+/// 64 blocks) 494.4 and 493.1 with `__rs2` there too. Leaving the 8B's to `__rs` (the third)
+/// measured within noise of that (493.7 against 493.4, three runs each).
+pub fn rs_suffix(spec: &KernelSpec, rows: usize, sms: u32) -> &'static str {
+    let r = spec.param_u32("rows").unwrap_or(1).max(1) as usize;
+    if spec.key.quant == Quant::Q6KR && r > 2 && 3 * rows.div_ceil(4 * r) < sms as usize {
+        "rs2"
+    } else {
+        "rs"
+    }
 }
 
 /// Whether `e` is the `suffix` entry of a batch-1 repacked GEMV whose rows of `k` it takes, and
@@ -158,7 +175,8 @@ impl CudaDevice {
     }
 
     /// `y = rstd * (z w^T)` through the `__rs` entry: a GEMV over a deferred norm's int8
-    /// side-car (`xq` / `xds`), scaled by its rstd; the main entry's grid.
+    /// side-car (`xq` / `xds`), scaled by its rstd; the main entry's grid (`__rs2`, q6_kr's
+    /// 2-row form: one 2-row step a warp).
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_rs_ptr(
         &self,
@@ -171,7 +189,18 @@ impl CudaDevice {
         sms: u32,
     ) -> Result<(), CudaError> {
         const OP: &str = "gemv_rs";
-        check_weights(OP, e, "rs", w, (n, k))?;
+        // `__rs2`: 2 rows a warp step whatever the instance's rows
+        let grid = match e.suffix() {
+            "rs2" => n.div_ceil(8) as u32,
+            _ => gemv_default_grid(e.spec(), n, sms),
+        };
+        check_weights(
+            OP,
+            e,
+            if e.suffix() == "rs2" { "rs2" } else { "rs" },
+            w,
+            (n, k),
+        )?;
         if xq.len() < k || xds.len() < k / 16 || y.len() < n || rs.dim() != k {
             return Err(invalid(
                 OP,
@@ -184,7 +213,7 @@ impl CudaDevice {
             ));
         }
         let cfg = LaunchConfig {
-            grid_dim: (gemv_default_grid(e.spec(), n, sms).max(1), 1, 1),
+            grid_dim: (grid.max(1), 1, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -198,5 +227,38 @@ impl CudaDevice {
             cfg,
             &[&wp, &qp, &dp, &yp, &n32, &k32, &pp, &parts, &rs.eps],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bs1(q: Quant) -> &'static KernelSpec {
+        crate::kernels::KERNELS
+            .iter()
+            .find(|s| {
+                s.key.op == Op::Gemv
+                    && s.key.quant == q
+                    && s.key.batch.value() == Some(1)
+                    && s.name.ends_with("sm_90a")
+            })
+            .expect("bs1 instance")
+    }
+
+    /// `__rs2` only for q6_kr matrices whose `__rs` grid would fill fewer than a third of the
+    /// SMs: the 30B's 512-row V projections (32 blocks of 4 x 4 rows on 132 SMs), not the 8B's
+    /// 1024-row ones (64 blocks) nor a gate|up; never for other formats.
+    #[test]
+    fn rs2_only_for_short_q6_kr() {
+        let q6 = bs1(Quant::Q6KR);
+        assert_eq!(q6.param_u32("rows"), Some(4));
+        assert_eq!(rs_suffix(q6, 512, 132), "rs2");
+        assert_eq!(rs_suffix(q6, 1024, 132), "rs");
+        assert_eq!(rs_suffix(q6, 24576, 132), "rs");
+        assert_eq!(rs_suffix(q6, 512, 16), "rs");
+        for q in [Quant::Q4KR, Quant::Q4_0R, Quant::Q8_0R] {
+            assert_eq!(rs_suffix(bs1(q), 512, 132), "rs");
+        }
     }
 }

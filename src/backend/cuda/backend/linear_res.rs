@@ -13,7 +13,7 @@
 //! overrides. Anything the kernels do not take runs the composition (`linear`, `add_rms_norm`,
 //! the consumers).
 
-use super::super::launch_res::{res_warps, GemvResArgs, RsArgs};
+use super::super::launch_res::{res_warps, rs_suffix, GemvResArgs, RsArgs};
 use super::super::types::{GpuTensor, GpuWeight};
 use super::linear::slice;
 use super::CudaBackend;
@@ -125,7 +125,11 @@ impl CudaBackend {
         };
         let mut rs_entries = Vec::with_capacity(views.len());
         for cv in &views {
-            let Ok(e) = self.kern_entry_at(Op::Gemv, cv.quant, BatchBucket::B1, "rs") else {
+            let Ok(k) = self.kern(Op::Gemv, cv.quant, BatchBucket::B1) else {
+                return Ok(None);
+            };
+            let suffix = rs_suffix(k.spec, cv.rows, self.sms);
+            let Ok(e) = self.kern_entry_at(Op::Gemv, cv.quant, BatchBucket::B1, suffix) else {
                 return Ok(None);
             };
             rs_entries.push(e);
