@@ -728,21 +728,23 @@ impl CudaDevice {
     }
 }
 
+/// The batch-1 sm_90a GEMV instance of `q` (unit tests of the launch rules).
+#[cfg(test)]
+pub(super) fn bs1(q: Quant) -> &'static KernelSpec {
+    crate::kernels::KERNELS
+        .iter()
+        .find(|s| {
+            s.key.op == Op::Gemv
+                && s.key.quant == q
+                && s.key.batch.value() == Some(1)
+                && s.name.ends_with("sm_90a")
+        })
+        .expect("bs1 instance")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bs1(q: Quant) -> &'static KernelSpec {
-        crate::kernels::KERNELS
-            .iter()
-            .find(|s| {
-                s.key.op == Op::Gemv
-                    && s.key.quant == q
-                    && s.key.batch.value() == Some(1)
-                    && s.name.ends_with("sm_90a")
-            })
-            .expect("bs1 instance")
-    }
 
     /// The `__s2` shared memory follows the template's chunk arithmetic (Q4_0: 128 blocks of
     /// 18 bytes = 144 16-byte copies, + 1 for misalignment, + 16 bytes of slack per row buffer,

@@ -232,19 +232,8 @@ impl CudaDevice {
 
 #[cfg(test)]
 mod tests {
+    use super::super::launch_linear::bs1;
     use super::*;
-
-    fn bs1(q: Quant) -> &'static KernelSpec {
-        crate::kernels::KERNELS
-            .iter()
-            .find(|s| {
-                s.key.op == Op::Gemv
-                    && s.key.quant == q
-                    && s.key.batch.value() == Some(1)
-                    && s.name.ends_with("sm_90a")
-            })
-            .expect("bs1 instance")
-    }
 
     /// `__rs2` only for q6_kr matrices whose `__rs` grid would fill fewer than a third of the
     /// SMs: the 30B's 512-row V projections (32 blocks of 4 x 4 rows on 132 SMs), not the 8B's
