@@ -189,18 +189,13 @@ impl CudaDevice {
         sms: u32,
     ) -> Result<(), CudaError> {
         const OP: &str = "gemv_rs";
-        // `__rs2`: 2 rows a warp step whatever the instance's rows
-        let grid = match e.suffix() {
-            "rs2" => n.div_ceil(8) as u32,
-            _ => gemv_default_grid(e.spec(), n, sms),
+        // `__rs2` (q6_kr): one 2-row step a warp whatever the instance's rows
+        let (suffix, grid) = if e.suffix() == "rs2" {
+            ("rs2", n.div_ceil(8).min(u32::MAX as usize) as u32)
+        } else {
+            ("rs", gemv_default_grid(e.spec(), n, sms))
         };
-        check_weights(
-            OP,
-            e,
-            if e.suffix() == "rs2" { "rs2" } else { "rs" },
-            w,
-            (n, k),
-        )?;
+        check_weights(OP, e, suffix, w, (n, k))?;
         if xq.len() < k || xds.len() < k / 16 || y.len() < n || rs.dim() != k {
             return Err(invalid(
                 OP,
