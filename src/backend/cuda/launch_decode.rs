@@ -374,9 +374,11 @@ impl CudaDevice {
             ));
         }
         let cfg = LaunchConfig {
+            // KV heads fastest: the blocks of split 0 (the only live ones at short depth) are
+            // dispatched first, ahead of those that exit at once
             grid_dim: (
-                p.splits as u32,
                 (p.hkv * p.head_split) as u32,
+                p.splits as u32,
                 p.batch as u32,
             ),
             // one warp per query head of the block; 8 warps for the whole group
