@@ -123,6 +123,7 @@ pub fn run(dev: std::sync::Arc<CudaDevice>, seed: u64) -> R<Vec<OpRow>> {
     super::backend_fused::norm_add_rms_norm_cases(&mut cx);
     super::backend_fused::attn_prep_cases(&mut cx);
     super::backend_attend::attend_cases(&mut cx);
+    super::backend_kv::kv_recycle_cases(&mut cx);
     super::backend_prefill::prefill_cases(&mut cx);
     super::backend_moe::moe_fused_cases(&mut cx);
     Ok(cx.rows)

@@ -7,8 +7,10 @@
 //! runs on one stream, so a buffer returned to the pool and handed out again is only touched in
 //! stream order, and a replayed graph rewrites every intermediate before reading it.
 //!
-//! Weights, KV caches and other long-lived state use [`Pool::alloc_persistent`]: not cached, freed
-//! to the driver on drop.
+//! Weights and other long-lived state use [`Pool::alloc_persistent`]: not cached, freed to the
+//! driver on drop. KV caches use [`Pool::alloc_recycled`]: long-lived too, but a dropped one is
+//! kept (by exact size) for the next session's cache, so that opening a session allocates nothing
+//! from the driver and dropping one waits for nothing.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -125,7 +127,7 @@ pub struct PoolStats {
     pub cached: usize,
     /// Highest `in_use + cached + persistent` seen.
     pub peak: usize,
-    /// Live persistent buffers (weights, caches).
+    /// Live persistent and recycled buffers (weights, caches).
     pub persistent: usize,
 }
 
@@ -135,6 +137,8 @@ struct PoolInner {
     /// Buffers first handed out while a CUDA graph was being captured: they are the graphs'
     /// intermediates, rewritten by every replay, so they only ever serve other captures.
     graph_free: HashMap<usize, Vec<u64>>,
+    /// Dropped recycled buffers by exact size (counted in `cached`).
+    recycled: HashMap<usize, Vec<u64>>,
     /// A capture is in progress: allocations come from (and return to) `graph_free`.
     capturing: bool,
     stats: PoolStats,
@@ -246,8 +250,7 @@ impl Pool {
             ptr,
             bytes,
             class,
-            pooled: true,
-            graph,
+            kind: if graph { Kind::Graph } else { Kind::Pooled },
             pool: self.clone(),
         })
     }
@@ -265,8 +268,43 @@ impl Pool {
             ptr,
             bytes,
             class: b,
-            pooled: false,
-            graph: false,
+            kind: Kind::Persistent,
+            pool: self.clone(),
+        })
+    }
+
+    /// A long-lived buffer of exactly `bytes` bytes (contents undefined) that returns to the
+    /// pool on drop and serves the next request of the same size: a KV cache's memory, reused
+    /// by the next session of the same model. Stream order makes the reuse safe, as for pooled
+    /// buffers; [`Pool::trim`] frees the ones not in use.
+    pub fn alloc_recycled(self: &Arc<Self>, bytes: usize) -> Result<DevBuf, CudaError> {
+        let b = bytes.max(1);
+        let reused = {
+            let mut g = self.lock();
+            let p = g.recycled.get_mut(&b).and_then(|v| v.pop());
+            if p.is_some() {
+                g.stats.cached -= b;
+                g.stats.persistent += b;
+            }
+            p
+        };
+        let ptr = match reused {
+            Some(p) => p,
+            None => {
+                bind(&self.stream)?;
+                // SAFETY: plain allocation, freed by `trim` once dropped.
+                let p = unsafe { result::malloc_sync(b) }.map_err(oom(b))?;
+                let mut g = self.lock();
+                g.stats.persistent += b;
+                g.bump_peak();
+                p
+            }
+        };
+        Ok(DevBuf {
+            ptr,
+            bytes,
+            class: b,
+            kind: Kind::Recycled,
             pool: self.clone(),
         })
     }
@@ -277,6 +315,16 @@ impl Pool {
         data: &[T],
     ) -> Result<DevBuf, CudaError> {
         let buf = self.alloc_persistent(std::mem::size_of_val(data))?;
+        buf.write(data)?;
+        Ok(buf)
+    }
+
+    /// A recycled buffer ([`Pool::alloc_recycled`]) holding a copy of `data`.
+    pub fn upload_recycled<T: DeviceRepr>(
+        self: &Arc<Self>,
+        data: &[T],
+    ) -> Result<DevBuf, CudaError> {
+        let buf = self.alloc_recycled(std::mem::size_of_val(data))?;
         buf.write(data)?;
         Ok(buf)
     }
@@ -298,6 +346,7 @@ impl Pool {
         let mut g = self.lock();
         let mut lists: Vec<_> = g.free.drain().collect();
         lists.extend(g.graph_free.drain());
+        lists.extend(g.recycled.drain());
         for (class, ptrs) in lists {
             for p in ptrs {
                 // SAFETY: cached buffers are owned by the pool and unused (stream synchronised).
@@ -313,17 +362,21 @@ impl Pool {
         self.lock().stats
     }
 
-    fn release(&self, class: usize, ptr: u64, pooled: bool, graph: bool) {
+    fn release(&self, class: usize, ptr: u64, kind: Kind) {
         let mut g = self.lock();
-        if pooled {
+        if let Kind::Pooled | Kind::Graph = kind {
             g.stats.in_use -= class;
             g.stats.cached += class;
-            let list = if graph {
+            let list = if kind == Kind::Graph {
                 &mut g.graph_free
             } else {
                 &mut g.free
             };
             list.entry(class).or_default().push(ptr);
+        } else if kind == Kind::Recycled {
+            g.stats.persistent -= class;
+            g.stats.cached += class;
+            g.recycled.entry(class).or_default().push(ptr);
         } else {
             g.stats.persistent -= class;
             drop(g);
@@ -336,16 +389,28 @@ impl Pool {
     }
 }
 
-/// An owned device buffer (pooled or persistent). Dropping it returns it to the pool (pooled) or
-/// frees it (persistent). Stream order makes reuse safe: see the module docs.
+/// How a [`DevBuf`] came about, which says where it goes when dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// [`Pool::alloc`]: back to the pool's size-class lists.
+    Pooled,
+    /// [`Pool::alloc`] during a capture: back to the graph-private lists.
+    Graph,
+    /// [`Pool::alloc_persistent`]: freed to the driver.
+    Persistent,
+    /// [`Pool::alloc_recycled`]: back to the exact-size lists.
+    Recycled,
+}
+
+/// An owned device buffer (pooled, persistent or recycled). Dropping it returns it to the pool
+/// (pooled, recycled) or frees it (persistent). Stream order makes reuse safe: see the module
+/// docs.
 pub struct DevBuf {
     ptr: u64,
     /// Bytes requested (the allocation may be larger).
     bytes: usize,
     class: usize,
-    pooled: bool,
-    /// Handed out during a capture: returns to the graph-private list.
-    graph: bool,
+    kind: Kind,
     pool: Arc<Pool>,
 }
 
@@ -357,8 +422,7 @@ impl std::fmt::Debug for DevBuf {
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
-        self.pool
-            .release(self.class, self.ptr, self.pooled, self.graph);
+        self.pool.release(self.class, self.ptr, self.kind);
     }
 }
 

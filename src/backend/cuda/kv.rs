@@ -261,8 +261,9 @@ impl CudaDevice {
     ) -> Result<GpuKvCache, CudaError> {
         check_kv_shape(&shape)?;
         let layout = kv_layout(&shape, kv_type);
-        let k = pool.alloc_persistent(layout.bytes())?;
-        let v = pool.alloc_persistent(layout.bytes())?;
+        // recycled: a dropped session's cache serves the next session's (no driver call)
+        let k = pool.alloc_recycled(layout.bytes())?;
+        let v = pool.alloc_recycled(layout.bytes())?;
         // zeroed, so that a tile that reaches past the written keys reads finite values
         k.fill_bytes(0)?;
         v.fill_bytes(0)?;
@@ -271,7 +272,7 @@ impl CudaDevice {
         let ring = layout.ring_pages as i32;
         let mut table: Vec<i32> = (0..layout.pages() as i32).map(|p| p % ring).collect();
         table.resize(layout.pages() + shape.n_kv_heads * MAX_HEAD_SPLIT, 0);
-        let extra = pool.upload_persistent(&table)?;
+        let extra = pool.upload_recycled(&table)?;
         Ok(GpuKvCache {
             shape,
             kv_type,

@@ -136,7 +136,7 @@ impl CudaBackend {
             let counts = if penalties.active() {
                 Some(
                     self.pool
-                        .upload_persistent(&initial_counts(prompt, vocab, &penalties))?,
+                        .upload_recycled(&initial_counts(prompt, vocab, &penalties))?,
                 )
             } else {
                 None
@@ -144,18 +144,16 @@ impl CudaBackend {
             Ok(CudaSamplerState {
                 vocab,
                 penalties,
-                params: self.pool.upload_persistent(std::slice::from_ref(&kp))?,
-                counter: self.pool.upload_persistent(&[0u32])?,
-                out: self.pool.upload_persistent(&[0i32])?,
+                params: self.pool.upload_recycled(std::slice::from_ref(&kp))?,
+                counter: self.pool.upload_recycled(&[0u32])?,
+                out: self.pool.upload_recycled(&[0i32])?,
                 scratch: {
-                    let b = self
-                        .pool
-                        .alloc_persistent(sample_scratch_words(vocab) * 4)?;
+                    let b = self.pool.alloc_recycled(sample_scratch_words(vocab) * 4)?;
                     b.fill_bytes(0)?;
                     b
                 },
                 counts,
-                banned: self.pool.alloc_persistent(MAX_BANNED * 4)?,
+                banned: self.pool.alloc_recycled(MAX_BANNED * 4)?,
                 banned_now: Vec::new(),
                 readback: None,
                 fed: None,
