@@ -25,6 +25,8 @@ fn int(op: &'static str, what: &str, v: usize) -> Result<i32, CudaError> {
 
 /// K elements per pipeline stage of `gemm_pipe` (BK in the template).
 pub const GEMM_PIPE_BK: usize = 32;
+/// Groups of 8 elements each `dequant_bf16` thread makes (the template's `UG`).
+const DEQUANT_GROUPS_PER_THREAD: usize = 4;
 /// K elements per stage and stages of the wgmma entries (WBK, WSTAGES in the template).
 const WG_BK: usize = 64;
 const WG_STAGES: usize = 4;
@@ -449,7 +451,7 @@ impl CudaDevice {
             return Ok(());
         }
         let groups = elems / 8;
-        let blocks = u32::try_from(groups.div_ceil(256))
+        let blocks = u32::try_from(groups.div_ceil(256 * DEQUANT_GROUPS_PER_THREAD))
             .ok()
             .filter(|&b| b < (1u32 << 31))
             .ok_or_else(|| invalid(OP, format!("{elems} elements is too many for one launch")))?;
