@@ -145,6 +145,23 @@ struct PoolInner {
 }
 
 impl PoolInner {
+    /// The free list buffers of `kind` return to (persistent ones are never listed).
+    fn list(&mut self, kind: Kind) -> &mut HashMap<usize, Vec<u64>> {
+        match kind {
+            Kind::Pooled => &mut self.free,
+            Kind::Graph => &mut self.graph_free,
+            Kind::Recycled | Kind::Persistent => &mut self.recycled,
+        }
+    }
+
+    /// The counter of live buffers of `kind`.
+    fn live(&mut self, kind: Kind) -> &mut usize {
+        match kind {
+            Kind::Pooled | Kind::Graph => &mut self.stats.in_use,
+            Kind::Recycled | Kind::Persistent => &mut self.stats.persistent,
+        }
+    }
+
     fn bump_peak(&mut self) {
         let s = &mut self.stats;
         s.peak = s.peak.max(s.in_use + s.cached + s.persistent);
@@ -216,32 +233,40 @@ impl Pool {
 
     /// A pooled buffer of at least `bytes` bytes (contents undefined).
     pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DevBuf, CudaError> {
-        let class = size_class(bytes);
-        let graph;
-        let reused = {
+        self.take(bytes, size_class(bytes), false)
+    }
+
+    /// A buffer of `class` bytes from the free list of its kind (pooled, graph-private or
+    /// recycled), else from the driver.
+    fn take(
+        self: &Arc<Self>,
+        bytes: usize,
+        class: usize,
+        recycled: bool,
+    ) -> Result<DevBuf, CudaError> {
+        let (kind, reused) = {
             let mut g = self.lock();
-            graph = g.capturing;
-            let list = if graph {
-                &mut g.graph_free
-            } else {
-                &mut g.free
+            let kind = match (recycled, g.capturing) {
+                (true, _) => Kind::Recycled,
+                (false, true) => Kind::Graph,
+                (false, false) => Kind::Pooled,
             };
-            let p = list.get_mut(&class).and_then(|v| v.pop());
+            let p = g.list(kind).get_mut(&class).and_then(|v| v.pop());
             if p.is_some() {
                 g.stats.cached -= class;
-                g.stats.in_use += class;
+                *g.live(kind) += class;
             }
-            p
+            (kind, p)
         };
         let ptr = match reused {
             Some(p) => p,
             None => {
                 bind(&self.stream)?;
-                // SAFETY: plain allocation; freed by `trim` or never (pooled buffers live as long
-                // as the pool's owner keeps the context).
+                // SAFETY: plain allocation; back to the pool's lists on drop, freed by `trim` (or
+                // never: cached buffers live as long as the pool's owner keeps the context).
                 let p = unsafe { result::malloc_sync(class) }.map_err(oom(class))?;
                 let mut g = self.lock();
-                g.stats.in_use += class;
+                *g.live(kind) += class;
                 g.bump_peak();
                 p
             }
@@ -250,7 +275,7 @@ impl Pool {
             ptr,
             bytes,
             class,
-            kind: if graph { Kind::Graph } else { Kind::Pooled },
+            kind,
             pool: self.clone(),
         })
     }
@@ -278,35 +303,7 @@ impl Pool {
     /// by the next session of the same model. Stream order makes the reuse safe, as for pooled
     /// buffers; [`Pool::trim`] frees the ones not in use.
     pub fn alloc_recycled(self: &Arc<Self>, bytes: usize) -> Result<DevBuf, CudaError> {
-        let b = bytes.max(1);
-        let reused = {
-            let mut g = self.lock();
-            let p = g.recycled.get_mut(&b).and_then(|v| v.pop());
-            if p.is_some() {
-                g.stats.cached -= b;
-                g.stats.persistent += b;
-            }
-            p
-        };
-        let ptr = match reused {
-            Some(p) => p,
-            None => {
-                bind(&self.stream)?;
-                // SAFETY: plain allocation, freed by `trim` once dropped.
-                let p = unsafe { result::malloc_sync(b) }.map_err(oom(b))?;
-                let mut g = self.lock();
-                g.stats.persistent += b;
-                g.bump_peak();
-                p
-            }
-        };
-        Ok(DevBuf {
-            ptr,
-            bytes,
-            class: b,
-            kind: Kind::Recycled,
-            pool: self.clone(),
-        })
+        self.take(bytes, bytes.max(1), true)
     }
 
     /// A persistent buffer holding a copy of `data`.
@@ -364,19 +361,10 @@ impl Pool {
 
     fn release(&self, class: usize, ptr: u64, kind: Kind) {
         let mut g = self.lock();
-        if let Kind::Pooled | Kind::Graph = kind {
-            g.stats.in_use -= class;
+        if kind != Kind::Persistent {
+            *g.live(kind) -= class;
             g.stats.cached += class;
-            let list = if kind == Kind::Graph {
-                &mut g.graph_free
-            } else {
-                &mut g.free
-            };
-            list.entry(class).or_default().push(ptr);
-        } else if kind == Kind::Recycled {
-            g.stats.persistent -= class;
-            g.stats.cached += class;
-            g.recycled.entry(class).or_default().push(ptr);
+            g.list(kind).entry(class).or_default().push(ptr);
         } else {
             g.stats.persistent -= class;
             drop(g);
