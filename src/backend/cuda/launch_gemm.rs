@@ -520,6 +520,41 @@ impl CudaDevice {
 mod tests {
     use super::*;
 
+    /// ops/dequant_bf16's groups of thread `t` of block `x` (its index math, line for line).
+    fn dequant_groups(x: u64, t: u64, groups: u64) -> Vec<u64> {
+        let ug = DEQUANT_GROUPS_PER_THREAD as u64;
+        let g0 = (x * 256 + (t & !31)) * ug + (t & 31);
+        (0..ug)
+            .map(|u| g0 + 32 * u)
+            .take_while(|&g| g < groups)
+            .collect()
+    }
+
+    #[test]
+    fn dequant_grid_makes_every_group_once_in_512_byte_warp_rounds() {
+        for groups in [1u64, 31, 96, 1023, 1024, 1025, 2368, 4096 * 4096 / 8 + 8] {
+            let blocks = groups.div_ceil(256 * DEQUANT_GROUPS_PER_THREAD as u64);
+            let mut seen = vec![0u8; groups as usize];
+            for x in 0..blocks {
+                for t in 0..256 {
+                    for g in dequant_groups(x, t, groups) {
+                        seen[g as usize] += 1;
+                    }
+                }
+                // each round u of a warp: 32 consecutive groups (512 contiguous bytes)
+                for w in 0..8u64 {
+                    for u in 0..DEQUANT_GROUPS_PER_THREAD {
+                        let round: Vec<u64> = (0..32)
+                            .filter_map(|l| dequant_groups(x, 32 * w + l, u64::MAX).get(u).copied())
+                            .collect();
+                        assert!(round.windows(2).all(|p| p[1] == p[0] + 1), "{round:?}");
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&c| c == 1), "groups {groups}");
+        }
+    }
+
     #[test]
     fn tiles_name_and_size() {
         for t in GemmTile::ALL {
