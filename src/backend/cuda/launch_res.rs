@@ -47,18 +47,32 @@ pub struct GemvResArgs {
     pub k: usize,
 }
 
-/// Warps per block of a `__res` launch (32 rows a block: one step of R rows each at R = 2;
-/// at R = 4, 8 steps over 2 warps each, the k range split).
-/// `FUCINA_RES_WARPS=N` (1..=16) overrides it, for tuning.
-pub fn res_warps() -> u32 {
-    static W: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *W.get_or_init(|| {
+/// Most warps a block of `spec`'s `__res` entry takes (`RES_THREADS`): 24 at 2 rows a warp
+/// step, 16 at 4.
+pub fn res_max_warps(spec: &KernelSpec) -> u32 {
+    if spec.param_u32("rows").unwrap_or(1) <= 2 {
+        24
+    } else {
+        16
+    }
+}
+
+/// Warps per block of a `__res` launch of `spec` (32 rows a block): 24 at R = 2 (16 row steps
+/// times the row's load batches, one task each: Qwen3-8B Q8_0 decode with the norm deferred
+/// after its down projections ran 377.5 tok/s at 16 warps, 396.3 at 24, on the H200, session
+/// 24), 16 at R = 4 (8 steps over 2 warps each, the k range split; q4_kr's 97 and q6_kr's 125
+/// registers a thread leave no room for more: held to 80 registers for 24 warps, they spilled and
+/// ran Qwen3-8B Q4_K_M 5% slower, session 24).
+/// `FUCINA_RES_WARPS=N` (1 up to [`res_max_warps`]) overrides it, for tuning.
+pub fn res_warps(spec: &KernelSpec) -> u32 {
+    static W: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let env = *W.get_or_init(|| {
         std::env::var("FUCINA_RES_WARPS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .filter(|w| (1..=16).contains(w))
-            .unwrap_or(16)
-    })
+    });
+    env.filter(|w| (1..=res_max_warps(spec)).contains(w))
+        .unwrap_or(res_max_warps(spec))
 }
 
 /// The consumer entry of a deferred norm for `rows` rows of a batch-1 `spec` on `sms`
@@ -132,7 +146,7 @@ impl CudaDevice {
         const OP: &str = "gemv_res";
         let (n, k) = (a.n, a.k);
         check_weights(OP, e, "res", a.w, (n, k))?;
-        if n % 32 != 0 || !(1..=16).contains(&warps) {
+        if n % 32 != 0 || !(1..=res_max_warps(e.kern.spec)).contains(&warps) {
             return Err(invalid(
                 OP,
                 format!("n={n} (need n % 32 == 0), {warps} warps"),
@@ -243,6 +257,24 @@ mod tests {
         assert_eq!(rs_suffix(q6, 512, 16), "rs");
         for q in [Quant::Q4KR, Quant::Q4_0R, Quant::Q8_0R] {
             assert_eq!(rs_suffix(bs1(q), 512, 132), "rs");
+        }
+    }
+
+    /// `__res` blocks: 24 warps at 2 rows a warp step (q4_0r / q8_0r, whose `__res` is compiled
+    /// for 768 threads), 16 at 4 (q4_kr / q6_kr, 512); the default is the most.
+    #[test]
+    fn res_warps_follow_the_rows() {
+        for (q, w) in [
+            (Quant::Q4_0R, 24),
+            (Quant::Q8_0R, 24),
+            (Quant::Q4KR, 16),
+            (Quant::Q6KR, 16),
+        ] {
+            let spec = bs1(q);
+            assert_eq!(res_max_warps(spec), w, "{q}");
+            if std::env::var("FUCINA_RES_WARPS").is_err() {
+                assert_eq!(res_warps(spec), w, "{q}");
+            }
         }
     }
 }

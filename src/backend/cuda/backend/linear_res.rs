@@ -23,14 +23,21 @@ use crate::backend::{
 use crate::kernels::{BatchBucket, Op, Quant};
 
 /// `FUCINA_DEFER_NORM` (read once; for A/B runs): `0` never defers, `1` defers wherever the
-/// kernels apply, unset: [`defer_by_default`].
-fn defer_env() -> Option<bool> {
-    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("FUCINA_DEFER_NORM").as_deref() {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
+/// kernels apply, `linear` wherever the consumer is not one `__glu` launch, unset:
+/// [`defer_by_default`].
+fn defer_env(glu_launch: bool) -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<u8>> = std::sync::OnceLock::new();
+    match *ON.get_or_init(|| match std::env::var("FUCINA_DEFER_NORM").as_deref() {
+        Ok("0") => Some(0),
+        Ok("1") => Some(1),
+        Ok("linear") => Some(2),
         _ => None,
-    })
+    }) {
+        Some(0) => Some(false),
+        Some(1) => Some(true),
+        Some(_) => Some(!glu_launch),
+        None => None,
+    }
 }
 
 /// Whether the norm is deferred by default, from measurements (H200, Qwen3-8B decode, session
@@ -42,9 +49,11 @@ fn defer_env() -> Option<bool> {
 /// (Q4_K_M's Q6_K down projections, sessions 19 and 20): Qwen3-8B Q4_K_M +1.1% (469.1 -> 474.1,
 /// two runs) and +1.2% (468.0 -> 473.7, three runs each). A gate|up with the GLU in its `__rs`
 /// launch (`__rsglu`, arrival counters per 32 outputs) ran Q4_K_M 11% slower than `__rs` + the
-/// GLU kernel (session 20).
+/// GLU kernel (session 20). After q8_0r projections since session 24, with `__res` in blocks of
+/// 24 warps: Qwen3-8B Q8_0 390.4 -> 396.3 tok/s (two runs each; 377.5 at 16 warps). After q4_0r
+/// ones the same change measured 586.7 -> 585.3 (two runs each), so Q4_0 keeps `add_rmsnorm`.
 fn defer_by_default(producer: Quant, glu_launch: bool) -> bool {
-    !glu_launch && matches!(producer, Quant::Q4KR | Quant::Q6KR)
+    !glu_launch && matches!(producer, Quant::Q4KR | Quant::Q6KR | Quant::Q8_0R)
 }
 
 fn shape(detail: String) -> BackendError {
@@ -74,7 +83,7 @@ impl CudaBackend {
             NormNext::Linear(_) => false,
         };
         let producer = w.matrix()?.quant;
-        let on = self.defer_norm.or_else(defer_env);
+        let on = self.defer_norm.or_else(|| defer_env(glu_launch));
         if on.unwrap_or_else(|| defer_by_default(producer, glu_launch)) {
             if let Some(r) = self.deferred_norm(x, w, h, &norm, eps, next)? {
                 return Ok(r);
@@ -123,6 +132,7 @@ impl CudaBackend {
         let Ok(res) = self.kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "res") else {
             return Ok(None);
         };
+        let warps = res_warps(res.kern.spec);
         let mut rs_entries = Vec::with_capacity(views.len());
         for cv in &views {
             let Ok(k) = self.kern(Op::Gemv, cv.quant, BatchBucket::B1) else {
@@ -159,7 +169,7 @@ impl CudaBackend {
                 n,
                 k,
             },
-            res_warps(),
+            warps,
         )?;
         let rs = RsArgs { part, eps };
 
@@ -220,14 +230,16 @@ mod tests {
     use super::*;
 
     /// The default follows the measurements: after a q4_kr or q6_kr projection, a gate|up only
-    /// where it is not one `__glu` launch; nothing after q4_0r / q8_0r projections.
+    /// where it is not one `__glu` launch; after q8_0r projections the same; nothing after q4_0r
+    /// projections.
     #[test]
     fn defers_where_measured() {
         assert!(defer_by_default(Quant::Q4KR, false));
         assert!(defer_by_default(Quant::Q6KR, false));
         assert!(!defer_by_default(Quant::Q6KR, true));
         assert!(!defer_by_default(Quant::Q4KR, true));
-        assert!(!defer_by_default(Quant::Q8_0R, false));
+        assert!(defer_by_default(Quant::Q8_0R, false));
+        assert!(!defer_by_default(Quant::Q8_0R, true));
         assert!(!defer_by_default(Quant::Q4_0R, false));
     }
 }
