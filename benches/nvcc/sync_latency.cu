@@ -25,31 +25,27 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     return v;
 }
 
-// every block: thread 0 reads buf[i - 1] (written by every block of the previous link: the
-// value of block 0), block 0 writes buf[i]
-__global__ void k_plain(int* buf, int i) {
+// every block: thread 0 reads buf[i - 1] (written by block 0 of the previous link), block 0
+// writes buf[i]
+__device__ __forceinline__ void link(int* buf, int i) {
     if (threadIdx.x == 0) {
         const int v = i > 0 ? ((volatile int*)buf)[i - 1] : 0;
         if (blockIdx.x == 0) buf[i] = v + 1;
     }
 }
 
+__global__ void k_plain(int* buf, int i) { link(buf, i); }
+
 __global__ void k_pdl(int* buf, int i) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (threadIdx.x == 0) {
-        const int v = i > 0 ? ((volatile int*)buf)[i - 1] : 0;
-        if (blockIdx.x == 0) buf[i] = v + 1;
-    }
+    link(buf, i);
 }
 
 __global__ void k_pdl_tr(int* buf, int i) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (threadIdx.x == 0) {
-        const int v = i > 0 ? ((volatile int*)buf)[i - 1] : 0;
-        if (blockIdx.x == 0) buf[i] = v + 1;
-    }
+    link(buf, i);
 }
 
 __global__ void k_flag(int* buf, unsigned* cnt, int i, unsigned nprev) {
