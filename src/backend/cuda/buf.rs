@@ -306,14 +306,23 @@ impl Pool {
         self.take(bytes, bytes.max(1), true)
     }
 
+    /// A buffer from `alloc` (one of the pool's allocators) holding a copy of `data`.
+    fn upload_with<T: DeviceRepr>(
+        self: &Arc<Self>,
+        data: &[T],
+        alloc: fn(&Arc<Self>, usize) -> Result<DevBuf, CudaError>,
+    ) -> Result<DevBuf, CudaError> {
+        let buf = alloc(self, std::mem::size_of_val(data))?;
+        buf.write(data)?;
+        Ok(buf)
+    }
+
     /// A persistent buffer holding a copy of `data`.
     pub fn upload_persistent<T: DeviceRepr>(
         self: &Arc<Self>,
         data: &[T],
     ) -> Result<DevBuf, CudaError> {
-        let buf = self.alloc_persistent(std::mem::size_of_val(data))?;
-        buf.write(data)?;
-        Ok(buf)
+        self.upload_with(data, Self::alloc_persistent)
     }
 
     /// A recycled buffer ([`Pool::alloc_recycled`]) holding a copy of `data`.
@@ -321,16 +330,12 @@ impl Pool {
         self: &Arc<Self>,
         data: &[T],
     ) -> Result<DevBuf, CudaError> {
-        let buf = self.alloc_recycled(std::mem::size_of_val(data))?;
-        buf.write(data)?;
-        Ok(buf)
+        self.upload_with(data, Self::alloc_recycled)
     }
 
     /// A pooled buffer holding a copy of `data` (not allowed during graph capture).
     pub fn upload<T: DeviceRepr>(self: &Arc<Self>, data: &[T]) -> Result<DevBuf, CudaError> {
-        let buf = self.alloc(std::mem::size_of_val(data))?;
-        buf.write(data)?;
-        Ok(buf)
+        self.upload_with(data, Self::alloc)
     }
 
     /// Free every cached buffer back to the driver. Invalidates every captured CUDA graph (their
