@@ -26,18 +26,25 @@ use crate::kernels::{BatchBucket, Op, Quant};
 /// kernels apply, `linear` wherever the consumer is not one `__glu` launch, unset:
 /// [`defer_by_default`].
 fn defer_env(glu_launch: bool) -> Option<bool> {
-    static ON: std::sync::OnceLock<Option<u8>> = std::sync::OnceLock::new();
-    match *ON.get_or_init(|| match std::env::var("FUCINA_DEFER_NORM").as_deref() {
-        Ok("0") => Some(0),
-        Ok("1") => Some(1),
-        Ok("linear") => Some(2),
-        _ => None,
-    }) {
-        Some(0) => Some(false),
-        Some(1) => Some(true),
-        Some(_) => Some(!glu_launch),
-        None => None,
+    /// The setting: never, always, or where the consumer is not one `__glu` launch.
+    #[derive(Clone, Copy)]
+    enum Defer {
+        Never,
+        Always,
+        Linear,
     }
+    static ON: std::sync::OnceLock<Option<Defer>> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| match std::env::var("FUCINA_DEFER_NORM").as_deref() {
+        Ok("0") => Some(Defer::Never),
+        Ok("1") => Some(Defer::Always),
+        Ok("linear") => Some(Defer::Linear),
+        _ => None,
+    });
+    on.map(|d| match d {
+        Defer::Never => false,
+        Defer::Always => true,
+        Defer::Linear => !glu_launch,
+    })
 }
 
 /// Whether the norm is deferred by default, from measurements (H200, Qwen3-8B decode, session
