@@ -240,6 +240,101 @@ pub(super) fn linear_res_cases(cx: &mut Ctx) {
     }
 }
 
+/// A Q4_K_M layer's deferred q|k (Q4_K) and v (Q6_K) projections: the one `__rsqv` launch
+/// against the two `__rs` / `__rs2` launches (bound 0: the same rows dotted in the same order),
+/// and against the int8 CPU backend (1e-3).
+pub(super) fn rsqv_cases(cx: &mut Ctx) {
+    use GgmlType::{Q4K, Q6K};
+    // (producer format, k, n, q|k rows, v rows)
+    // (a short v of 256 rows, and Qwen3-8B's q|k and v)
+    let cases = [
+        (Q4K, 1024usize, 2048usize, 1280usize, 256usize),
+        (Q6K, 2048, 4096, 5120, 1024),
+    ];
+    let dev = cx.gpu.dev.clone();
+    for (ty, k, n, qk, v) in cases {
+        let (Ok(wb), Ok(qb), Ok(vb)) = (
+            random_weights(ty, n, k, &mut cx.rng),
+            random_weights(Q4K, qk, n, &mut cx.rng),
+            random_weights(Q6K, v, n, &mut cx.rng),
+        ) else {
+            continue;
+        };
+        let wr = tref("proj", ty, vec![n, k], &wb);
+        let crefs = [
+            tref("qk", Q4K, vec![qk, n], &qb),
+            tref("v", Q6K, vec![v, n], &vb),
+        ];
+        let x = uniform(&mut cx.rng, k, -2.0, 2.0);
+        let h = uniform(&mut cx.rng, n, -3.0, 3.0);
+        let nw = uniform(&mut cx.rng, n, -1.0, 1.5);
+        let eps = 1e-6f32;
+        let label = format!("{} 1x{k} -> {n} -> Q4_K {qk} + Q6_K {v}", ty.name());
+        let run = |be: &CudaBackend, one: bool| -> anyhow::Result<Vec<f32>> {
+            let g = Loaded::new(be, (&wr, &crefs), (&x, &h, &nw))?;
+            let wrefs: Vec<&GpuWeight> = g.ws.iter().collect();
+            anyhow::ensure!(
+                be.takes_rsqv(&wrefs)? == one,
+                "the backend does not run the two projections as {} launch(es)",
+                if one { "one" } else { "two" }
+            );
+            let r = be
+                .deferred_norm(
+                    &g.x,
+                    &g.w,
+                    &g.h,
+                    &Norm::Plain(&g.nw),
+                    eps,
+                    &NormNext::Linear(&wrefs),
+                )?
+                .ok_or_else(|| anyhow::anyhow!("the deferred path did not take the case"))?;
+            flat(be, r)
+        };
+        cx.case(
+            format!("linear_add_rms_norm_then {label} deferred: one __rsqv launch == two __rs"),
+            0.0,
+            |_| {
+                let with = |on| {
+                    CudaBackend::with_device(dev.clone(), crate::backend::cuda::KvType::default())
+                        .map(|b| b.with_rsqv(on))
+                };
+                Ok((run(&with(true)?, true)?, run(&with(false)?, false)?))
+            },
+        );
+        cx.case(
+            format!("linear_add_rms_norm_then {label} vs CPU int8"),
+            1e-3,
+            |cx| {
+                let g = Loaded::new(&cx.gpu, (&wr, &crefs), (&x, &h, &nw))?;
+                let wrefs: Vec<&GpuWeight> = g.ws.iter().collect();
+                let got = cx.gpu.linear_add_rms_norm_then(
+                    &g.x,
+                    &g.w,
+                    &g.h,
+                    Norm::Plain(&g.nw),
+                    eps,
+                    &NormNext::Linear(&wrefs),
+                )?;
+                let c = Loaded::new(&cx.cpu8, (&wr, &crefs), (&x, &h, &nw))?;
+                let crefs: Vec<_> = c.ws.iter().collect();
+                let (s, outs) = cx.cpu8.linear_add_rms_norm_then(
+                    &c.x,
+                    &c.w,
+                    &c.h,
+                    Norm::Plain(&c.nw),
+                    eps,
+                    &NormNext::Linear(&crefs),
+                )?;
+                let mut want = s.data;
+                for o in outs {
+                    want.extend(o.data);
+                }
+                Ok((flat(&cx.gpu, got)?, want))
+            },
+        );
+    }
+}
+
 /// Every output of one path, concatenated: s, then the consumers'.
 fn flat(be: &CudaBackend, (s, outs): (GpuTensor, Vec<GpuTensor>)) -> anyhow::Result<Vec<f32>> {
     let mut v = host(be, &s)?;

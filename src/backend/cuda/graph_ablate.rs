@@ -4,7 +4,7 @@
 //! wrong values.
 //!
 //! - `FUCINA_GRAPH_SKIP=pat1,pat2`: kernel nodes whose function name contains one of the
-//!   patterns are removed from a captured step before it is instantiated, each predecessor
+//!   patterns (or is one of them, for a pattern written `=name`) are removed from a captured step before it is instantiated, each predecessor
 //!   joined to each successor. The decode rate with and without a kernel is its in-graph cost.
 //! - `FUCINA_REPLAY_REPEAT=N`: every replay launches the step N times (the extra launches
 //!   recompute the same token at the same position). The per-token time at N = 1 and N = 2
@@ -28,6 +28,14 @@ pub fn skip_patterns() -> Vec<String> {
     std::env::var("FUCINA_GRAPH_SKIP")
         .map(|v| parse_patterns(&v))
         .unwrap_or_default()
+}
+
+/// Whether a kernel's function name matches a pattern: `=name` the whole name, else a part of it.
+fn name_matches(name: &str, pattern: &str) -> bool {
+    match pattern.strip_prefix('=') {
+        Some(exact) => name == exact,
+        None => name.contains(pattern),
+    }
 }
 
 /// Comma-separated patterns, blanks dropped.
@@ -134,7 +142,7 @@ pub unsafe fn remove_kernels(g: sys::CUgraph, patterns: &[String]) -> Result<usi
         let Some(name) = kernel_name(node) else {
             continue;
         };
-        if !patterns.iter().any(|p| name.contains(p.as_str())) {
+        if !patterns.iter().any(|p| name_matches(&name, p)) {
             continue;
         }
         let pre = neighbours(node, true)?;
@@ -249,5 +257,23 @@ mod tests {
         assert_eq!(parse_repeat(Some("3")), 3);
         assert_eq!(parse_repeat(Some("0")), 1);
         assert_eq!(parse_repeat(Some("x")), 1);
+    }
+
+    /// `=name` matches that whole name only (a GEMV's main entry, not its `__glu` or `__ks`
+    /// entries, whose names it begins); other patterns match any part.
+    #[test]
+    fn exact_patterns_match_whole_names() {
+        let main = "gemv_q4_0r_bs1_sm_90a";
+        assert!(name_matches(main, "=gemv_q4_0r_bs1_sm_90a"));
+        assert!(!name_matches(
+            "gemv_q4_0r_bs1_sm_90a__glu",
+            "=gemv_q4_0r_bs1_sm_90a"
+        ));
+        assert!(name_matches(
+            "gemv_q4_0r_bs1_sm_90a__glu",
+            "gemv_q4_0r_bs1_sm_90a"
+        ));
+        assert!(name_matches(main, "q4_0r"));
+        assert!(!name_matches(main, "=q4_0r"));
     }
 }

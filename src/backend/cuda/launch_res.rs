@@ -239,6 +239,80 @@ impl CudaDevice {
     }
 }
 
+/// One weight of a [`CudaDevice::gemv_rsqv_ptr`] launch: repacked rows and their outputs.
+#[derive(Debug, Clone, Copy)]
+pub struct RsPart {
+    pub w: DevPtr<u8>,
+    pub y: DevPtr<f32>,
+    pub n: usize,
+}
+
+impl CudaDevice {
+    /// `__rs` of a Q6_K-repacked weight `v6` and the q4_kr weight `v` of `e`'s instance (its
+    /// `__rsqv` entry) in one launch, both over the deferred norm `rs` of the int8 row
+    /// `(xq, xds)` of `k` values: the v and q|k projections of a Q4_K_M layer.
+    pub fn gemv_rsqv_ptr(
+        &self,
+        e: &KernEntry,
+        v6: RsPart,
+        v: RsPart,
+        (xq, xds): (DevPtr<i8>, DevPtr<f32>),
+        k: usize,
+        rs: &RsArgs,
+    ) -> Result<(), CudaError> {
+        const OP: &str = "gemv_rsqv";
+        check_weights(OP, e, "rsqv", v.w, (v.n, k))?;
+        let (_, s6) = crate::quant::repack::source_of(Quant::Q6KR)
+            .ok_or_else(|| invalid(OP, "no Q6_K repacking".into()))?;
+        let row6 = k / s6.elems * (s6.head + s6.body);
+        if v6.n == 0 || !s6.fits(k) || v6.w.raw() % 16 != 0 || v6.w.len() < v6.n * row6 {
+            return Err(invalid(
+                OP,
+                format!("{} Q6_K rows of {k} in {} bytes", v6.n, v6.w.len()),
+            ));
+        }
+        if xq.len() < k
+            || xds.len() < k / 16
+            || v.y.len() < v.n
+            || v6.y.len() < v6.n
+            || rs.dim() != k
+        {
+            return Err(invalid(
+                OP,
+                format!(
+                    "k={k}: activations {}, outputs {} / {} for {} / {} rows, a norm of {} values",
+                    xq.len(),
+                    v6.y.len(),
+                    v.y.len(),
+                    v6.n,
+                    v.n,
+                    rs.dim()
+                ),
+            ));
+        }
+        let step = 4 * e.spec().param_u32("rows").unwrap_or(1).max(1) as usize;
+        let blocks = v6.n.div_ceil(step) + v.n.div_ceil(step);
+        let cfg = LaunchConfig {
+            grid_dim: (int(OP, "blocks", blocks)? as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (n6, n, k32) = (int(OP, "n6", v6.n)?, int(OP, "n", v.n)?, int(OP, "k", k)?);
+        let parts = int(OP, "partial sums", rs.part.len())?;
+        let (w6p, wp, qp, dp) = (v6.w.raw(), v.w.raw(), xq.raw(), xds.raw());
+        let (y6p, yp, pp) = (v6.y.raw(), v.y.raw(), rs.part.raw());
+        // (const u8* w6, const u8* w, const i8* xq, const float2* xds, float* y6, float* y,
+        //  int n6, int n, int k, const float* rs_part, int rs_n, float eps)
+        self.go(
+            &e.kern,
+            cfg,
+            &[
+                &w6p, &wp, &qp, &dp, &y6p, &yp, &n6, &n, &k32, &pp, &parts, &rs.eps,
+            ],
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::launch_linear::bs1;

@@ -330,8 +330,17 @@ pub fn pipeline_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("FUCINA_PIPELINE").as_deref() != Ok("0"))
 }
 
-/// A sampled id as a token of a vocabulary of `vocab`.
+/// A sampled id as a token of a vocabulary of `vocab`. The kernel's arg-max starts from id
+/// `i32::MAX` at -inf and keeps it when no logit is greater: every logit NaN or -inf.
 fn checked_id(id: i32, vocab: usize) -> Result<u32, BackendError> {
+    if id == i32::MAX {
+        return Err(be_err(invalid(
+            "sample",
+            "no logit is finite (every one NaN or -inf): the model's output is broken, \
+             e.g. by weights that are not finite"
+                .into(),
+        )));
+    }
     u32::try_from(id)
         .ok()
         .filter(|&i| (i as usize) < vocab)
@@ -575,6 +584,17 @@ fn check_op(spec: &'static KernelSpec, op: Op, name: &'static str) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kernel id inside the vocabulary is the token; the arg-max's sentinel (no finite
+    /// logit) and ids outside it are errors that say so.
+    #[test]
+    fn sampled_ids_are_checked() {
+        assert_eq!(checked_id(5, 10).unwrap(), 5);
+        assert!(checked_id(10, 10).is_err());
+        assert!(checked_id(-1, 10).is_err());
+        let e = checked_id(i32::MAX, 151_936).unwrap_err().to_string();
+        assert!(e.contains("no logit is finite"), "{e}");
+    }
 
     #[test]
     fn scratch_words_cover_every_block() {

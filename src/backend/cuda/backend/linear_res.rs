@@ -4,8 +4,8 @@
 //! One row against repacked weights (q4_0r / q8_0r / q4_kr, whole 256-element rows, outputs a
 //! multiple of 32) runs the GEMV's `__res` entry (the projection, the add, the norm weight
 //! applied and quantised, the sums of squares per 32) and then the consumers through the `__rs`
-//! entry, which scales its dots by the norm's rstd (a gate|up then runs the GLU kernel). No
-//! launch computes the norm itself. The normed row differs from `add_rms_norm`'s in rounding
+//! entry, which scales its dots by the norm's rstd (a gate|up then runs the GLU kernel; a q4_kr
+//! q|k and a q6_kr v run as one `__rsqv` launch). No launch computes the norm itself. The normed row differs from `add_rms_norm`'s in rounding
 //! only (its int8 blocks are those of s * w, times rstd).
 //!
 //! Where it is taken by default is measured ([`defer_by_default`]): after q4_kr and q6_kr
@@ -13,7 +13,7 @@
 //! overrides. Anything the kernels do not take runs the composition (`linear`, `add_rms_norm`,
 //! the consumers).
 
-use super::super::launch_res::{res_warps, rs_suffix, GemvResArgs, RsArgs};
+use super::super::launch_res::{res_warps, rs_suffix, GemvResArgs, RsArgs, RsPart};
 use super::super::types::{GpuTensor, GpuWeight};
 use super::linear::slice;
 use super::CudaBackend;
@@ -185,6 +185,28 @@ impl CudaBackend {
                 vec![self.deferred_glu(&views[0], &rs_entries[0], &z, rs, *act)?]
             }
             NormNext::Linear(_) => {
+                if let Some(e) = self.rsqv_entry(&views) {
+                    // v (Q6_K) and q|k (Q4_K) of a Q4_K_M layer: one launch
+                    let y = self.alloc_tensor(1, views[0].rows)?;
+                    let y6 = self.alloc_tensor(1, views[1].rows)?;
+                    self.dev.gemv_rsqv_ptr(
+                        &e,
+                        RsPart {
+                            w: views[1].data,
+                            y: y6.ptr(),
+                            n: views[1].rows,
+                        },
+                        RsPart {
+                            w: views[0].data,
+                            y: y.ptr(),
+                            n: views[0].rows,
+                        },
+                        (z.q(), z.ds()),
+                        n,
+                        &rs,
+                    )?;
+                    return Ok(Some((s, vec![y, y6])));
+                }
                 let mut outs = Vec::with_capacity(views.len());
                 for (cv, e) in views.iter().zip(&rs_entries) {
                     let y = self.alloc_tensor(1, cv.rows)?;
@@ -203,6 +225,50 @@ impl CudaBackend {
             }
         };
         Ok(Some((s, outs)))
+    }
+
+    /// The `__rsqv` entry where the consumers are a q4_kr weight then a q6_kr one of the same
+    /// inputs (a Q4_K_M layer's q|k and v), None elsewhere. [`CudaBackend::with_rsqv`] turns it
+    /// on wherever the kernel takes it, or off; `FUCINA_RSQV=0` off. By default it is not taken
+    /// where v alone would run as `__rs2` (Qwen3-30B-A3B's 512-row V, measured with `__rs2`,
+    /// not with this). Measured on the H200 (session 25, prompt 16, three runs each): Qwen3-8B
+    /// Q4_K_M decode 494.5 / 495.0 / 495.1 tok/s with two launches, 509.3 / 508.1 / 508.8 with
+    /// one.
+    fn rsqv_entry(
+        &self,
+        views: &[super::super::types::WeightView],
+    ) -> Option<super::super::launch_prefill::KernEntry> {
+        static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let [a, b] = views else {
+            return None;
+        };
+        if a.quant != Quant::Q4KR || b.quant != Quant::Q6KR || a.cols != b.cols {
+            return None;
+        }
+        let on = match self.rsqv {
+            Some(on) => on,
+            None => {
+                *ENV.get_or_init(|| std::env::var("FUCINA_RSQV").as_deref() != Ok("0"))
+                    && self
+                        .kern(Op::Gemv, Quant::Q6KR, BatchBucket::B1)
+                        .is_ok_and(|k| rs_suffix(k.spec, b.rows, self.sms) == "rs")
+            }
+        };
+        if !on {
+            return None;
+        }
+        self.kern_entry_at(Op::Gemv, Quant::Q4KR, BatchBucket::B1, "rsqv")
+            .ok()
+    }
+
+    /// Whether a deferred norm's consumers `ws` run as one `__rsqv` launch (the selftest's
+    /// check that its rows compare that launch).
+    pub(crate) fn takes_rsqv(&self, ws: &[&GpuWeight]) -> Result<bool> {
+        let views = ws
+            .iter()
+            .map(|w| Ok(w.matrix()?))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.rsqv_entry(&views).is_some())
     }
 
     /// `act(gate n) * up n` of a fused gate|up weight over a deferred norm (`z`, `rs`): the

@@ -79,6 +79,9 @@ pub struct CudaBackend {
     /// Whether a decode row's attn_prep runs inside the decode attention kernel
     /// (`attn_prep_attention`): None follows `FUCINA_ATTN_PREP_FUSED` (off unless 1).
     fuse_attn_prep: Option<bool>,
+    /// Whether a deferred norm's q4_kr + q6_kr consumers run as one `__rsqv` launch: None
+    /// follows `FUCINA_RSQV` (on unless 0).
+    rsqv: Option<bool>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -107,6 +110,13 @@ impl CudaBackend {
     /// selftest's fused rows).
     pub fn with_fused_attn_prep(mut self, on: bool) -> Self {
         self.fuse_attn_prep = Some(on);
+        self
+    }
+
+    /// This backend running a deferred norm's q4_kr + q6_kr consumers as one `__rsqv` launch
+    /// (`true`) or as two, whatever `FUCINA_RSQV` says (the selftest's rows).
+    pub fn with_rsqv(mut self, on: bool) -> Self {
+        self.rsqv = Some(on);
         self
     }
 
@@ -149,6 +159,7 @@ impl CudaBackend {
             moe_counters,
             defer_norm: None,
             fuse_attn_prep: None,
+            rsqv: None,
         })
     }
 
