@@ -209,33 +209,7 @@ pub(super) fn linear_res_cases(cx: &mut Ctx) {
         cx.case(
             format!("linear_add_rms_norm_then {label} vs CPU int8"),
             1e-3,
-            |cx| {
-                let g = Loaded::new(&cx.gpu, (&wr, &crefs), (&x, &h, &nw))?;
-                let wrefs: Vec<&GpuWeight> = g.ws.iter().collect();
-                let got = cx.gpu.linear_add_rms_norm_then(
-                    &g.x,
-                    &g.w,
-                    &g.h,
-                    norm(mode, &g.nw),
-                    eps,
-                    &next_of(&wrefs, act),
-                )?;
-                let c = Loaded::new(&cx.cpu8, (&wr, &crefs), (&x, &h, &nw))?;
-                let crefs: Vec<_> = c.ws.iter().collect();
-                let (s, outs) = cx.cpu8.linear_add_rms_norm_then(
-                    &c.x,
-                    &c.w,
-                    &c.h,
-                    norm(mode, &c.nw),
-                    eps,
-                    &next_of(&crefs, act),
-                )?;
-                let mut want = s.data;
-                for o in outs {
-                    want.extend(o.data);
-                }
-                Ok((flat(&cx.gpu, got)?, want))
-            },
+            |cx| against_cpu8(cx, (&wr, &crefs), (&x, &h, &nw), mode, eps, act),
         );
     }
 }
@@ -304,35 +278,46 @@ pub(super) fn rsqv_cases(cx: &mut Ctx) {
         cx.case(
             format!("linear_add_rms_norm_then {label} vs CPU int8"),
             1e-3,
-            |cx| {
-                let g = Loaded::new(&cx.gpu, (&wr, &crefs), (&x, &h, &nw))?;
-                let wrefs: Vec<&GpuWeight> = g.ws.iter().collect();
-                let got = cx.gpu.linear_add_rms_norm_then(
-                    &g.x,
-                    &g.w,
-                    &g.h,
-                    Norm::Plain(&g.nw),
-                    eps,
-                    &NormNext::Linear(&wrefs),
-                )?;
-                let c = Loaded::new(&cx.cpu8, (&wr, &crefs), (&x, &h, &nw))?;
-                let crefs: Vec<_> = c.ws.iter().collect();
-                let (s, outs) = cx.cpu8.linear_add_rms_norm_then(
-                    &c.x,
-                    &c.w,
-                    &c.h,
-                    Norm::Plain(&c.nw),
-                    eps,
-                    &NormNext::Linear(&crefs),
-                )?;
-                let mut want = s.data;
-                for o in outs {
-                    want.extend(o.data);
-                }
-                Ok((flat(&cx.gpu, got)?, want))
-            },
+            |cx| against_cpu8(cx, (&wr, &crefs), (&x, &h, &nw), Mode::Plain, eps, None),
         );
     }
+}
+
+/// A case's `linear_add_rms_norm_then` on the GPU (its default path) and on the int8 CPU
+/// backend: (got, want), s then the consumers' outputs.
+fn against_cpu8(
+    cx: &mut Ctx,
+    (wr, crefs): (&TensorRef<'_>, &[TensorRef<'_>]),
+    (x, h, nw): (&[f32], &[f32], &[f32]),
+    mode: Mode,
+    eps: f32,
+    act: Option<Activation>,
+) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+    let g = Loaded::new(&cx.gpu, (wr, crefs), (x, h, nw))?;
+    let wrefs: Vec<&GpuWeight> = g.ws.iter().collect();
+    let got = cx.gpu.linear_add_rms_norm_then(
+        &g.x,
+        &g.w,
+        &g.h,
+        norm(mode, &g.nw),
+        eps,
+        &next_of(&wrefs, act),
+    )?;
+    let c = Loaded::new(&cx.cpu8, (wr, crefs), (x, h, nw))?;
+    let crefs: Vec<_> = c.ws.iter().collect();
+    let (s, outs) = cx.cpu8.linear_add_rms_norm_then(
+        &c.x,
+        &c.w,
+        &c.h,
+        norm(mode, &c.nw),
+        eps,
+        &next_of(&crefs, act),
+    )?;
+    let mut want = s.data;
+    for o in outs {
+        want.extend(o.data);
+    }
+    Ok((flat(&cx.gpu, got)?, want))
 }
 
 /// Every output of one path, concatenated: s, then the consumers'.
