@@ -19,6 +19,7 @@ mod launch_decode;
 mod launch_decode_prep;
 mod launch_fused;
 mod launch_gemm;
+mod launch_glu;
 mod launch_linear;
 mod launch_moe;
 pub mod launch_moe_fused;
@@ -51,9 +52,9 @@ pub use launch_fused::{
     norm_add_chunks, AttnPrepBufs, AttnPrepLaunch, NormAddWeights, ATTN_PREP_MAX_HEAD_DIM,
 };
 pub use launch_gemm::{chunk_rows, tile_cost, tile_efficiency, GemmPipe, GemmTile, GEMM_PIPE_BK};
+pub use launch_glu::GemvGluArgs;
 pub use launch_linear::{
-    gemv_default_grid, gemv_row_batches, gemv_s2_smem, weight_block, GemvEntry, GemvGluArgs,
-    Q8Activations,
+    gemv_default_grid, gemv_row_batches, gemv_s2_smem, weight_block, GemvEntry, Q8Activations,
 };
 pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
 pub use launch_moe_fused::{MoeDownArgs, MoeGateUpArgs, MoeRouterArgs, RouterNorm};
