@@ -16,4 +16,10 @@ pub enum BackendError {
     Quant(#[from] crate::quant::QuantError),
     #[error("{0}")]
     Device(String),
+    /// Sampling found no logit above -inf (each NaN or -inf): the model's output is broken.
+    #[error(
+        "sample: no logit is finite (every one NaN or -inf): the model's output is broken, e.g. \
+         by weights that are not finite"
+    )]
+    NoFiniteLogit,
 }

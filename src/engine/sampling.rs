@@ -198,15 +198,9 @@ fn cmp_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
-/// Index of the largest value; the lowest index wins ties.
+/// Index of the largest value; the lowest index wins ties, NaN never (`ops::sample::argmax`).
 pub fn argmax(xs: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &x) in xs.iter().enumerate() {
-        if x > xs[best] {
-            best = i;
-        }
-    }
-    best as u32
+    crate::ops::sample::argmax(xs) as u32
 }
 
 /// log_softmax of `logits` at `id`, plus the `k` most likely tokens.

@@ -31,15 +31,23 @@ fn splitmix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Lowest index among the maxima.
+/// Lowest index among the maxima, NaN never one of them (as the kernel's arg-max, which starts
+/// from -inf); 0 when no logit is above -inf ([`has_finite_max`] tells that case apart).
 pub fn argmax(logits: &[f32]) -> usize {
-    let mut best = 0;
+    let (mut best, mut bv) = (0, f32::NEG_INFINITY);
     for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
+        if v > bv {
             best = i;
+            bv = v;
         }
     }
     best
+}
+
+/// Whether some logit is above -inf (NaN is not): the case where the kernel's arg-max finds
+/// an id.
+pub fn has_finite_max(logits: &[f32]) -> bool {
+    logits.iter().any(|&v| v > f32::NEG_INFINITY)
 }
 
 fn weight(x: f32, m: f32) -> u64 {
@@ -123,6 +131,20 @@ pub fn draw(w: &[u64], seed: u64, counter: u32) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// NaN is never the arg-max, wherever it stands; without a logit above -inf the arg-max
+    /// falls back to 0 and `has_finite_max` says so.
+    #[test]
+    fn argmax_skips_nan() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0, 2.0]), 2);
+        assert_eq!(argmax(&[0.5, f32::NAN, 0.25]), 0);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::INFINITY]), 1);
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
+        assert!(has_finite_max(&[f32::NAN, -1e30]));
+        assert!(!has_finite_max(&[f32::NAN, f32::NEG_INFINITY]));
+        assert!(!has_finite_max(&[]));
+    }
 
     fn params(t: f32, k: i32, tp: f32, mp: f32) -> SampleParams {
         SampleParams {

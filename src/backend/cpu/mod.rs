@@ -549,6 +549,9 @@ impl Backend for CpuBackend {
         }
         let mut data = logits.data;
         let row = &mut data[(logits.rows - 1) * logits.cols..];
+        if !crate::ops::sample::has_finite_max(row) {
+            return Err(BackendError::NoFiniteLogit);
+        }
         let (id, _) = state.sample(row, banned, None);
         state.accept(id);
         Ok(id)

@@ -642,3 +642,20 @@ fn gated_delta_rule_matches_matrix_form() {
         )
         .is_err());
 }
+
+/// A row without a logit above -inf (a model whose output is NaN) is an error naming that, not
+/// token 0; a row with a NaN among finite logits samples the finite maximum (greedy).
+#[test]
+fn sampling_refuses_rows_without_a_finite_logit() {
+    let be = CpuBackend::new();
+    let params = crate::engine::SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let mut st = be.sampler_new(&params, &[], 4).unwrap();
+    let nan = be.tensor(&[f32::NAN; 4], 1, 4).unwrap();
+    let e = be.sample(nan, &mut st, &[]).unwrap_err();
+    assert!(matches!(e, BackendError::NoFiniteLogit), "{e}");
+    let mixed = be.tensor(&[f32::NAN, 0.5, 2.0, 1.0], 1, 4).unwrap();
+    assert_eq!(be.sample(mixed, &mut st, &[]).unwrap(), 2);
+}

@@ -334,12 +334,7 @@ pub fn pipeline_enabled() -> bool {
 /// `i32::MAX` at -inf and keeps it when no logit is greater: every logit NaN or -inf.
 fn checked_id(id: i32, vocab: usize) -> Result<u32, BackendError> {
     if id == i32::MAX {
-        return Err(be_err(invalid(
-            "sample",
-            "no logit is finite (every one NaN or -inf): the model's output is broken, \
-             e.g. by weights that are not finite"
-                .into(),
-        )));
+        return Err(BackendError::NoFiniteLogit);
     }
     u32::try_from(id)
         .ok()
