@@ -5,8 +5,9 @@
 //! multiple of 32) runs the GEMV's `__res` entry (the projection, the add, the norm weight
 //! applied and quantised, the sums of squares per 32) and then the consumers through the `__rs`
 //! entry, which scales its dots by the norm's rstd (a gate|up then runs the GLU kernel; a q4_kr
-//! q|k and a q6_kr v run as one `__rsqv` launch). No launch computes the norm itself. The normed row differs from `add_rms_norm`'s in rounding
-//! only (its int8 blocks are those of s * w, times rstd).
+//! q|k and a q6_kr v run as one `__rsqv` launch). No launch computes the norm itself. The normed
+//! row differs from `add_rms_norm`'s in rounding only (its int8 blocks are those of s * w, times
+//! rstd).
 //!
 //! Where it is taken by default is measured ([`defer_by_default`]): after q4_kr and q6_kr
 //! projections, not where the gate|up GEMV runs as one `__glu` launch. `FUCINA_DEFER_NORM=0` / `=1`
