@@ -156,6 +156,11 @@ pub fn decode_mma_default(spec: &KernelSpec) -> bool {
         && !*OFF.get_or_init(|| std::env::var("FUCINA_ATTN_MMA").is_ok_and(|v| v == "0"))
 }
 
+/// Most bytes of the `__mma` entry's dynamic shared memory: its G warps' partials of the G
+/// heads of the block, G x G x d f32 (G <= 8, G x d <= 1024: 32 KB). Sized per launch (8 KB for
+/// Qwen3's 4 heads of 128) where a static array of the most took 32 KB a block.
+const MMA_PARTIALS_MAX: usize = 8 * 1024 * 4;
+
 /// Most splits of one decode-attention launch (the kernel's MAXS).
 pub const MAX_DECODE_SPLITS: usize = 64;
 /// Most query heads one decode-attention block takes (the kernel's GMAX):
@@ -268,10 +273,18 @@ impl CudaDevice {
             }
             Some(pr) => Some(pr.args(OP, d, kvb, p.hkv, p.max_pages, p.window)?),
         };
-        // heads per block: the whole group for `__gqa` (head_split 1), else at most GMAX
+        // heads per block: the whole group for `__gqa` (head_split 1), else at most GMAX (and
+        // for `__mma` partials within its shared memory)
         let block_heads_ok = match entry {
             DecodeEntry::Gqa => p.head_split == 1,
-            _ => p.head_split > 0 && p.hq / p.hkv / p.head_split <= MAX_DECODE_BLOCK_HEADS,
+            DecodeEntry::Mma => {
+                let g = p.hq.checked_div(p.hkv * p.head_split).unwrap_or(0);
+                p.head_split > 0 && g <= MAX_DECODE_BLOCK_HEADS && g * g * d * 4 <= MMA_PARTIALS_MAX
+            }
+            _ => {
+                let g = p.hq.checked_div(p.hkv * p.head_split).unwrap_or(0);
+                p.head_split > 0 && g <= MAX_DECODE_BLOCK_HEADS
+            }
         };
         if p.hkv == 0
             || p.hq % p.hkv != 0
@@ -341,7 +354,7 @@ impl CudaDevice {
                 GqaMerge::Fused => true,
                 GqaMerge::Separate => false,
             };
-        // static shared memory only: the dynamic limit stays 0
+        // static shared memory, and `__mma`'s partials (at most 8 heads x 1024 floats)
         let merge = match entry {
             DecodeEntry::Gqa if !fused => {
                 Some(self.function_suffixed_smem(spec, "gqa_merge", 0)?)
@@ -350,9 +363,9 @@ impl CudaDevice {
         };
         let f = match entry {
             DecodeEntry::Mma if prep.is_some() => {
-                self.function_suffixed_smem(spec, "mma_prep", 0)?
+                self.function_suffixed_smem(spec, "mma_prep", MMA_PARTIALS_MAX)?
             }
-            DecodeEntry::Mma => self.function_suffixed_smem(spec, "mma", 0)?,
+            DecodeEntry::Mma => self.function_suffixed_smem(spec, "mma", MMA_PARTIALS_MAX)?,
             DecodeEntry::Gqa => self.function_suffixed_smem(spec, "gqa", 0)?,
             _ => self.function(spec)?,
         };
@@ -386,7 +399,14 @@ impl CudaDevice {
                 DecodeEntry::Gqa => (256, 1, 1),
                 _ => (32 * (p.hq / p.hkv / p.head_split) as u32, 1, 1),
             },
-            shared_mem_bytes: 0,
+            // `__mma`: its warps' partials, [warp][head][d] f32 (at most 8 x 1024 floats)
+            shared_mem_bytes: match entry {
+                DecodeEntry::Mma => {
+                    let g = p.hq / p.hkv / p.head_split;
+                    (g * g * d * 4) as u32
+                }
+                _ => 0,
+            },
         };
         let (qr, kr, vr, btr, posr, por, pmr, outr, cr) = (
             q.raw(),
