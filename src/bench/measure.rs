@@ -12,22 +12,21 @@ use crate::model::registry::{load_model, LoadOptions};
 use crate::model::{CausalLm, Logits, Session};
 use crate::weights::Checkpoint;
 
+/// Before each decode measurement: `FUCINA_BENCH_PAUSE_MS=N` waits N ms (a measurement aid: on
+/// the H200 a decode at depth 0 measured right after the 512- and 4096-token prefills runs about
+/// 1% slower than one measured alone; a 3 s pause recovers 0.7% of it, freeing the pool's cached
+/// buffers none: session 26).
+fn pause_before_decode() {
+    let pause = std::env::var("FUCINA_BENCH_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = pause {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
 /// Device facts the generic runner cannot get through `Backend`.
 pub trait Probe {
-    /// Before each decode measurement: `FUCINA_BENCH_PAUSE_MS=N` waits N ms (a measurement aid:
-    /// on the H200 a decode at depth 0 measured right after the 512- and 4096-token prefills
-    /// runs about 1% slower than one measured alone; a 3 s pause recovers 0.7% of it, freeing
-    /// the pool's cached buffers none: session 26).
-    fn settle(&self) -> Result<()> {
-        let pause = std::env::var("FUCINA_BENCH_PAUSE_MS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok());
-        if let Some(ms) = pause {
-            std::thread::sleep(std::time::Duration::from_millis(ms));
-        }
-        Ok(())
-    }
-
     /// Read bandwidth in GB/s, measured over at least `bytes` bytes.
     fn read_bandwidth(&self, bytes: usize) -> Result<f64>;
     /// Device memory now: (pool peak bytes, pool persistent bytes, driver used bytes).
@@ -205,7 +204,7 @@ pub fn run<B: Backend>(
     }
     let mut dec = Vec::new();
     for &d in &plan.depths {
-        probe.settle()?;
+        pause_before_decode();
         let mut s = model.clone().new_session();
         let mut t = if d > 0 {
             let l = s.forward(&ids(d, info.vocab_size, &mut rng), false)?;

@@ -275,16 +275,17 @@ impl CudaDevice {
         };
         // heads per block: the whole group for `__gqa` (head_split 1), else at most GMAX (and
         // for `__mma` partials within its shared memory)
+        let g = p
+            .hkv
+            .checked_mul(p.head_split)
+            .and_then(|m| p.hq.checked_div(m))
+            .unwrap_or(0);
         let block_heads_ok = match entry {
             DecodeEntry::Gqa => p.head_split == 1,
             DecodeEntry::Mma => {
-                let g = p.hq.checked_div(p.hkv * p.head_split).unwrap_or(0);
                 p.head_split > 0 && g <= MAX_DECODE_BLOCK_HEADS && g * g * d * 4 <= MMA_PARTIALS_MAX
             }
-            _ => {
-                let g = p.hq.checked_div(p.hkv * p.head_split).unwrap_or(0);
-                p.head_split > 0 && g <= MAX_DECODE_BLOCK_HEADS
-            }
+            _ => p.head_split > 0 && g <= MAX_DECODE_BLOCK_HEADS,
         };
         if p.hkv == 0
             || p.hq % p.hkv != 0
@@ -401,10 +402,7 @@ impl CudaDevice {
             },
             // `__mma`: its warps' partials, [warp][head][d] f32 (at most 8 x 1024 floats)
             shared_mem_bytes: match entry {
-                DecodeEntry::Mma => {
-                    let g = p.hq / p.hkv / p.head_split;
-                    (g * g * d * 4) as u32
-                }
+                DecodeEntry::Mma => (g * g * d * 4) as u32,
                 _ => 0,
             },
         };
