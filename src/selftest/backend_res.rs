@@ -321,7 +321,10 @@ fn against_cpu8(
 }
 
 /// Every output of one path, concatenated: s, then the consumers'.
-fn flat(be: &CudaBackend, (s, outs): (GpuTensor, Vec<GpuTensor>)) -> anyhow::Result<Vec<f32>> {
+pub(super) fn flat(
+    be: &CudaBackend,
+    (s, outs): (GpuTensor, Vec<GpuTensor>),
+) -> anyhow::Result<Vec<f32>> {
     let mut v = host(be, &s)?;
     for o in &outs {
         v.extend(host(be, o)?);
@@ -338,16 +341,16 @@ fn next_of<'a, W>(ws: &'a [&'a W], act: Option<Activation>) -> NormNext<'a, W> {
 }
 
 /// One case's weights and inputs on a backend.
-struct Loaded<B: Backend> {
-    w: B::Weight,
-    ws: Vec<B::Weight>,
-    x: B::Tensor,
-    h: B::Tensor,
-    nw: B::Tensor,
+pub(super) struct Loaded<B: Backend> {
+    pub(super) w: B::Weight,
+    pub(super) ws: Vec<B::Weight>,
+    pub(super) x: B::Tensor,
+    pub(super) h: B::Tensor,
+    pub(super) nw: B::Tensor,
 }
 
 impl<B: Backend> Loaded<B> {
-    fn new(
+    pub(super) fn new(
         be: &B,
         (w, ws): (&TensorRef<'_>, &[TensorRef<'_>]),
         (x, h, nw): (&[f32], &[f32], &[f32]),

@@ -13,6 +13,7 @@ mod backend_ops;
 mod backend_prefill;
 mod backend_qkv;
 mod backend_res;
+mod backend_res_wide;
 mod check;
 mod checks;
 pub mod models;

@@ -204,10 +204,10 @@ impl CudaDevice {
     ) -> Result<(), CudaError> {
         const OP: &str = "gemv_rs";
         // `__rs2` (q6_kr): one 2-row step a warp whatever the instance's rows
-        let (suffix, grid) = if e.suffix() == "rs2" {
-            ("rs2", n.div_ceil(8).min(u32::MAX as usize) as u32)
-        } else {
-            ("rs", gemv_default_grid(e.spec(), n, sms))
+        let (suffix, grid) = match e.suffix() {
+            "rs2" => ("rs2", n.div_ceil(8).min(u32::MAX as usize) as u32),
+            "rsw" => ("rsw", gemv_default_grid(e.spec(), n, sms)),
+            _ => ("rs", gemv_default_grid(e.spec(), n, sms)),
         };
         check_weights(OP, e, suffix, w, (n, k))?;
         if xq.len() < k || xds.len() < k / 16 || y.len() < n || rs.dim() != k {
@@ -261,7 +261,12 @@ impl CudaDevice {
         rs: &RsArgs,
     ) -> Result<(), CudaError> {
         const OP: &str = "gemv_rsqv";
-        check_weights(OP, e, "rsqv", v.w, (v.n, k))?;
+        let suffix = if e.suffix() == "rsqvw" {
+            "rsqvw"
+        } else {
+            "rsqv"
+        };
+        check_weights(OP, e, suffix, v.w, (v.n, k))?;
         let (_, s6) = crate::quant::repack::source_of(Quant::Q6KR)
             .ok_or_else(|| invalid(OP, "no Q6_K repacking".into()))?;
         let row6 = k / s6.elems * (s6.head + s6.body);

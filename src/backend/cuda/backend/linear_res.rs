@@ -14,6 +14,7 @@
 //! overrides. Anything the kernels do not take runs the composition (`linear`, `add_rms_norm`,
 //! the consumers).
 
+use super::super::launch_linear::gemv_default_grid;
 use super::super::launch_res::{res_warps, rs_suffix, GemvResArgs, RsArgs, RsPart};
 use super::super::types::{GpuTensor, GpuWeight};
 use super::linear::slice;
@@ -146,7 +147,12 @@ impl CudaBackend {
             let Ok(k) = self.kern(Op::Gemv, cv.quant, BatchBucket::B1) else {
                 return Ok(None);
             };
-            let suffix = rs_suffix(k.spec, cv.rows, self.sms);
+            let blocks = gemv_default_grid(k.spec, cv.rows, self.sms) as usize;
+            let suffix = if self.rs_wide(cv.quant, n, blocks) {
+                "rsw"
+            } else {
+                rs_suffix(k.spec, cv.rows, self.sms)
+            };
             let Ok(e) = self.kern_entry_at(Op::Gemv, cv.quant, BatchBucket::B1, suffix) else {
                 return Ok(None);
             };
@@ -258,8 +264,35 @@ impl CudaBackend {
         if !on {
             return None;
         }
-        self.kern_entry_at(Op::Gemv, Quant::Q4KR, BatchBucket::B1, "rsqv")
+        // the launch's blocks: __rsqv's grid
+        let r = |q| {
+            self.kern(Op::Gemv, q, BatchBucket::B1)
+                .map(|k| 4 * k.spec.param_u32("rows").unwrap_or(1).max(1) as usize)
+        };
+        let blocks = a.rows.div_ceil(r(Quant::Q4KR).ok()?) + b.rows.div_ceil(r(Quant::Q6KR).ok()?);
+        let suffix = if self.rs_wide(Quant::Q4KR, a.cols, blocks) {
+            "rsqvw"
+        } else {
+            "rsqv"
+        };
+        self.kern_entry_at(Op::Gemv, Quant::Q4KR, BatchBucket::B1, suffix)
             .ok()
+    }
+
+    /// Whether a deferred norm's q4_kr consumer launch of `blocks` blocks over rows of `k`
+    /// takes the wide entries (`__rsw`, `__rsqvw`: a row of k <= 4096 in one batch of loads,
+    /// bit-identical to `__rs` / `__rsqv`). They hold 158 / 168 registers, 3 blocks of 128
+    /// threads an SM, so by default only where all the blocks are resident at once (the q|k|v
+    /// projections; a 24576-row gate|up is not); [`CudaBackend::with_rs_wide`] forces them on
+    /// (wherever k <= 4096) or off. Measured on the H200 (session 27, Qwen3-8B Q4_K_M decode,
+    /// prompt 16, three interleaved runs each): 509.3 / 510.1 / 508.7 tok/s off, 511.2 / 511.7 /
+    /// 512.7 on the q|k|v launches, 507.1 / 509.2 / 507.6 also on gate|up; the same greedy text.
+    pub(crate) fn rs_wide(&self, q: Quant, k: usize, blocks: usize) -> bool {
+        let fits = q == Quant::Q4KR && k <= 4096;
+        match self.rs_wide {
+            Some(on) => on && fits,
+            None => fits && blocks <= 3 * self.sms.max(1) as usize,
+        }
     }
 
     /// Whether a deferred norm's consumers `ws` run as one `__rsqv` launch (the selftest's

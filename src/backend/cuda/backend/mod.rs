@@ -82,6 +82,9 @@ pub struct CudaBackend {
     /// Whether a deferred norm's q4_kr + q6_kr consumers run as one `__rsqv` launch: None
     /// follows `FUCINA_RSQV` (on unless 0).
     rsqv: Option<bool>,
+    /// Whether q4_kr deferred-norm consumers take the wide entries (`rs_wide`): None follows
+    /// the launch's size.
+    rs_wide: Option<bool>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -117,6 +120,13 @@ impl CudaBackend {
     /// (`true`) or as two, whatever `FUCINA_RSQV` says (the selftest's rows).
     pub fn with_rsqv(mut self, on: bool) -> Self {
         self.rsqv = Some(on);
+        self
+    }
+
+    /// This backend running q4_kr deferred-norm consumers of rows up to 4096 through the wide
+    /// entries (`__rsw`, `__rsqvw`) or not, whatever the launch's size (the selftest's rows).
+    pub fn with_rs_wide(mut self, on: bool) -> Self {
+        self.rs_wide = Some(on);
         self
     }
 
@@ -160,6 +170,7 @@ impl CudaBackend {
             defer_norm: None,
             fuse_attn_prep: None,
             rsqv: None,
+            rs_wide: None,
         })
     }
 
