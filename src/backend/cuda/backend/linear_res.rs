@@ -65,6 +65,13 @@ fn defer_by_default(producer: Quant, glu_launch: bool) -> bool {
     !glu_launch && matches!(producer, Quant::Q4KR | Quant::Q6KR | Quant::Q8_0R)
 }
 
+/// The default of [`CudaBackend::rs_wide`] for a q4_kr consumer of rows of `k` (<= 4096) in a
+/// launch of `blocks` blocks on `sms` SMs: the narrow entry takes two batches a row and the wide
+/// one's 3 blocks an SM hold every block.
+fn wide_by_default(k: usize, blocks: usize, sms: u32) -> bool {
+    k > 2048 && blocks <= 3 * sms.max(1) as usize
+}
+
 fn shape(detail: String) -> BackendError {
     BackendError::Shape {
         op: "linear_add_rms_norm_then",
@@ -282,16 +289,18 @@ impl CudaBackend {
     /// Whether a deferred norm's q4_kr consumer launch of `blocks` blocks over rows of `k`
     /// takes the wide entries (`__rsw`, `__rsqvw`: a row of k <= 4096 in one batch of loads,
     /// bit-identical to `__rs` / `__rsqv`). They hold 158 / 168 registers, 3 blocks of 128
-    /// threads an SM, so by default only where all the blocks are resident at once (the q|k|v
-    /// projections; a 24576-row gate|up is not); [`CudaBackend::with_rs_wide`] forces them on
-    /// (wherever k <= 4096) or off. Measured on the H200 (session 27, Qwen3-8B Q4_K_M decode,
-    /// prompt 16, three interleaved runs each): 509.3 / 510.1 / 508.7 tok/s off, 511.2 / 511.7 /
-    /// 512.7 on the q|k|v launches, 507.1 / 509.2 / 507.6 also on gate|up; the same greedy text.
+    /// threads an SM, so by default only where the narrow entries take two batches a row (k >
+    /// 2048: at 2048 both take one, Qwen3-30B-A3B's q|k) and all the blocks are resident at once
+    /// (the q|k|v projections; a 24576-row gate|up is not). [`CudaBackend::with_rs_wide`]
+    /// forces them on (wherever k <= 4096) or off. Measured on the H200 (session 27, Qwen3-8B
+    /// Q4_K_M decode, prompt 16, three interleaved runs each): 509.3 / 510.1 / 508.7 tok/s off,
+    /// 511.2 / 511.7 / 512.7 on the q|k|v launches, 507.1 / 509.2 / 507.6 also on gate|up; the
+    /// same greedy text.
     pub(crate) fn rs_wide(&self, q: Quant, k: usize, blocks: usize) -> bool {
         let fits = q == Quant::Q4KR && k <= 4096;
         match self.rs_wide {
             Some(on) => on && fits,
-            None => fits && blocks <= 3 * self.sms.max(1) as usize,
+            None => fits && wide_by_default(k, blocks, self.sms),
         }
     }
 
@@ -348,5 +357,15 @@ mod tests {
         assert!(defer_by_default(Quant::Q8_0R, false));
         assert!(!defer_by_default(Quant::Q8_0R, true));
         assert!(!defer_by_default(Quant::Q4_0R, false));
+    }
+
+    /// Qwen3-8B's q|k|v (6144 rows: 384 blocks) takes the wide entries on the H200's 132 SMs;
+    /// its gate|up (1536 blocks), Qwen3-30B-A3B's 2048-wide q|k and any launch on 48 SMs do not.
+    #[test]
+    fn wide_where_measured() {
+        assert!(wide_by_default(4096, 384, 132));
+        assert!(!wide_by_default(4096, 1536, 132));
+        assert!(!wide_by_default(2048, 288, 132));
+        assert!(!wide_by_default(4096, 384, 48));
     }
 }
