@@ -295,7 +295,7 @@ impl CudaBackend {
     /// forces them on (wherever k <= 4096) or off. Measured on the H200 (session 27, Qwen3-8B
     /// Q4_K_M decode, prompt 16, three interleaved runs each): 509.3 / 510.1 / 508.7 tok/s off,
     /// 511.2 / 511.7 / 512.7 on the q|k|v launches, 507.1 / 509.2 / 507.6 also on gate|up; the
-    /// same greedy text.
+    /// same 64-token greedy text on and off (`--raw`).
     pub(crate) fn rs_wide(&self, q: Quant, k: usize, blocks: usize) -> bool {
         let fits = q == Quant::Q4KR && k <= 4096;
         match self.rs_wide {
