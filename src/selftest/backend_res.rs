@@ -252,17 +252,7 @@ pub(super) fn rsqv_cases(cx: &mut Ctx) {
                 "the backend does not run the two projections as {} launch(es)",
                 if one { "one" } else { "two" }
             );
-            let r = be
-                .deferred_norm(
-                    &g.x,
-                    &g.w,
-                    &g.h,
-                    &Norm::Plain(&g.nw),
-                    eps,
-                    &NormNext::Linear(&wrefs),
-                )?
-                .ok_or_else(|| anyhow::anyhow!("the deferred path did not take the case"))?;
-            flat(be, r)
+            g.deferred_linear(be, eps)
         };
         cx.case(
             format!("linear_add_rms_norm_then {label} deferred: one __rsqv launch == two __rs"),
@@ -321,10 +311,7 @@ fn against_cpu8(
 }
 
 /// Every output of one path, concatenated: s, then the consumers'.
-pub(super) fn flat(
-    be: &CudaBackend,
-    (s, outs): (GpuTensor, Vec<GpuTensor>),
-) -> anyhow::Result<Vec<f32>> {
+fn flat(be: &CudaBackend, (s, outs): (GpuTensor, Vec<GpuTensor>)) -> anyhow::Result<Vec<f32>> {
     let mut v = host(be, &s)?;
     for o in &outs {
         v.extend(host(be, o)?);
@@ -347,6 +334,25 @@ pub(super) struct Loaded<B: Backend> {
     pub(super) x: B::Tensor,
     pub(super) h: B::Tensor,
     pub(super) nw: B::Tensor,
+}
+
+impl Loaded<CudaBackend> {
+    /// The deferred path (`deferred_norm`, a plain norm weight, the consumers as linears) of
+    /// this case on `be`, its outputs concatenated; an error where the path does not take it.
+    pub(super) fn deferred_linear(&self, be: &CudaBackend, eps: f32) -> anyhow::Result<Vec<f32>> {
+        let wrefs: Vec<&GpuWeight> = self.ws.iter().collect();
+        let r = be
+            .deferred_norm(
+                &self.x,
+                &self.w,
+                &self.h,
+                &Norm::Plain(&self.nw),
+                eps,
+                &NormNext::Linear(&wrefs),
+            )?
+            .ok_or_else(|| anyhow::anyhow!("the deferred path did not take the case"))?;
+        flat(be, r)
+    }
 }
 
 impl<B: Backend> Loaded<B> {

@@ -4,10 +4,9 @@
 //! whichever entries the launch's size picks against the CPU.)
 
 use super::backend_ops::{tref, Ctx};
-use super::backend_res::{flat, Loaded};
+use super::backend_res::Loaded;
 use super::check::uniform;
-use crate::backend::cuda::{CudaBackend, GpuWeight, KvType};
-use crate::backend::{Norm, NormNext};
+use crate::backend::cuda::{CudaBackend, KvType};
 use crate::kernels::Quant;
 use crate::ops::qdot::random_weights;
 use crate::quant::GgmlType;
@@ -59,19 +58,7 @@ pub(super) fn wide_cases(cx: &mut Ctx) {
                 .join(" + ")
         );
         let run = |be: &CudaBackend| -> anyhow::Result<Vec<f32>> {
-            let g = Loaded::new(be, (&wr, &crefs), (&x, &h, &nw))?;
-            let wrefs: Vec<&GpuWeight> = g.ws.iter().collect();
-            let r = be
-                .deferred_norm(
-                    &g.x,
-                    &g.w,
-                    &g.h,
-                    &Norm::Plain(&g.nw),
-                    eps,
-                    &NormNext::Linear(&wrefs),
-                )?
-                .ok_or_else(|| anyhow::anyhow!("the deferred path did not take the case"))?;
-            flat(be, r)
+            Loaded::new(be, (&wr, &crefs), (&x, &h, &nw))?.deferred_linear(be, eps)
         };
         cx.case(
             format!("linear_add_rms_norm_then {label} deferred: wide entries == narrow"),
