@@ -68,7 +68,9 @@ fn repack_q6k() -> bool {
 
 /// Most rows of a Q6_K matrix that is repacked. An LM head (151936 rows) keeps the GGUF layout:
 /// the staged `q6_k` GEMV streams it at ~3.7 TB/s on the H200, and the register-direct one
-/// measured 1-2% slower there (session 16).
+/// measured 1-2% slower there (session 16); again in session 27 (Qwen3-8B decode, prompt 16, two
+/// runs each, the head repacked through a temporary row-limit knob): Q4_K_M 513.6 / 515.1 ->
+/// 505.6 / 506.6 tok/s, Q4_0 588.4 / 588.8 -> 574.9 / 575.6, the same greedy text.
 const Q6K_REPACK_MAX_ROWS: usize = 65536;
 
 /// The storage plan of a tensor of `format` and `shape`; `repack`: Q8_0 / Q4_0 / Q4_K / Q6_K
