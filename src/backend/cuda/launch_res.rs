@@ -75,6 +75,13 @@ pub fn res_warps(spec: &KernelSpec) -> u32 {
         .unwrap_or(res_max_warps(spec))
 }
 
+/// Blocks of a q4_kr `__rsqv` / `__rsqvw` launch (`spec`: the q4_kr instance) over `n6` Q6_K
+/// rows then `n` Q4_K rows, R-row steps of 4 warps each.
+pub fn rsqv_blocks(spec: &KernelSpec, n6: usize, n: usize) -> usize {
+    let step = 4 * spec.param_u32("rows").unwrap_or(1).max(1) as usize;
+    n6.div_ceil(step) + n.div_ceil(step)
+}
+
 /// The consumer entry of a deferred norm for `rows` rows of a batch-1 `spec` on `sms`
 /// multiprocessors: `__rs`, or q6_kr's `__rs2` (2 rows a warp step) where `__rs` at the
 /// instance's rows would give fewer blocks than a third of the multiprocessors. Measured on the
@@ -206,8 +213,10 @@ impl CudaDevice {
         // `__rs2` (q6_kr): one 2-row step a warp whatever the instance's rows
         let (suffix, grid) = match e.suffix() {
             "rs2" => ("rs2", n.div_ceil(8).min(u32::MAX as usize) as u32),
-            "rsw" => ("rsw", gemv_default_grid(e.spec(), n, sms)),
-            _ => ("rs", gemv_default_grid(e.spec(), n, sms)),
+            s => (
+                if s == "rsw" { "rsw" } else { "rs" },
+                gemv_default_grid(e.spec(), n, sms),
+            ),
         };
         check_weights(OP, e, suffix, w, (n, k))?;
         if xq.len() < k || xds.len() < k / 16 || y.len() < n || rs.dim() != k {
@@ -295,8 +304,7 @@ impl CudaDevice {
                 ),
             ));
         }
-        let step = 4 * e.spec().param_u32("rows").unwrap_or(1).max(1) as usize;
-        let blocks = v6.n.div_ceil(step) + v.n.div_ceil(step);
+        let blocks = rsqv_blocks(e.spec(), v6.n, v.n);
         let cfg = LaunchConfig {
             grid_dim: (int(OP, "blocks", blocks)? as u32, 1, 1),
             block_dim: (128, 1, 1),

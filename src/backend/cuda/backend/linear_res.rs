@@ -15,7 +15,7 @@
 //! the consumers).
 
 use super::super::launch_linear::gemv_default_grid;
-use super::super::launch_res::{res_warps, rs_suffix, GemvResArgs, RsArgs, RsPart};
+use super::super::launch_res::{res_warps, rs_suffix, rsqv_blocks, GemvResArgs, RsArgs, RsPart};
 use super::super::types::{GpuTensor, GpuWeight};
 use super::linear::slice;
 use super::CudaBackend;
@@ -271,12 +271,8 @@ impl CudaBackend {
         if !on {
             return None;
         }
-        // the launch's blocks: __rsqv's grid
-        let r = |q| {
-            self.kern(Op::Gemv, q, BatchBucket::B1)
-                .map(|k| 4 * k.spec.param_u32("rows").unwrap_or(1).max(1) as usize)
-        };
-        let blocks = a.rows.div_ceil(r(Quant::Q4KR).ok()?) + b.rows.div_ceil(r(Quant::Q6KR).ok()?);
+        let spec = self.kern(Op::Gemv, Quant::Q4KR, BatchBucket::B1).ok()?.spec;
+        let blocks = rsqv_blocks(spec, b.rows, a.rows);
         let suffix = if self.rs_wide(Quant::Q4KR, a.cols, blocks) {
             "rsqvw"
         } else {
