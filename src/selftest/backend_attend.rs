@@ -9,6 +9,11 @@
 //! Both runs first fill positions 0 .. pos0 with the same rows (attn_prep over a prefill), so
 //! the decode row attends over a live cache; each case runs with the step's position
 //! registered (as in a recorded decode step) and uploaded.
+//!
+//! `recorded_cases`: attn_prep then attention of a decode row recorded once as a step (a CUDA
+//! graph, programmatic launches on sm_90+) and replayed, against the same ops run directly.
+//! Before every run the new position's K / V rows hold NaN: the attention kernel may load the
+//! cache before its programmatic-launch wait, but not that row, which attn_prep writes. Bound 0.
 
 use super::backend_fused::{prep_of, prep_weights};
 use super::backend_ops::{host, Ctx, Pair, R};
@@ -75,6 +80,7 @@ fn cases() -> Vec<Case> {
 }
 
 pub(super) fn attend_cases(cx: &mut Ctx) {
+    recorded_cases(cx);
     let fused =
         |kv| CudaBackend::with_device(cx.gpu.dev.clone(), kv).map(|b| b.with_fused_attn_prep(true));
     let (fp8, f16) = (fused(KvType::Fp8E4m3), fused(KvType::F16));
@@ -177,4 +183,143 @@ pub(super) fn attend_cases(cx: &mut Ctx) {
             cx.case(name, 0.0, |_| r);
         }
     }
+}
+
+/// Overwrite position `pos`'s K and V rows (every KV head) with NaN of the cache type.
+fn poison_row(cache: &crate::backend::cuda::GpuKvCache, pos: usize) -> R<()> {
+    let lay = kv_layout(&cache.shape, cache.kv_type);
+    let eb = lay.elem_bytes;
+    let nan: &[u8] = if cache.kv_type == KvType::F16 {
+        &[0x00, 0x7e]
+    } else {
+        &[0x7f]
+    };
+    for buf in [&cache.k, &cache.v] {
+        let mut b = buf.read::<u8>(lay.bytes())?;
+        for h in 0..lay.hkv {
+            let o = lay.elem_offset(pos, h) * eb;
+            for (i, x) in b[o..o + lay.head_dim * eb].iter_mut().enumerate() {
+                *x = nan[i % eb];
+            }
+        }
+        buf.write(&b)?;
+    }
+    Ok(())
+}
+
+/// attn_prep + attention of a decode row at `pos0` recorded as a step and replayed three times
+/// (new inputs each time) == the same ops run directly, output and cache bytes; the row at pos0
+/// poisoned before each run (see the module header).
+fn recorded_cases(cx: &mut Ctx) {
+    for c in cases().into_iter().take(3) {
+        for kv in [KvType::Fp8E4m3, KvType::F16] {
+            let kvn = if kv == KvType::F16 { "f16" } else { "fp8" };
+            let name = format!(
+                "attn_prep + attention {} {kvn} at {}: recorded step, 3 replays == direct (new row NaN before)",
+                c.name, c.pos0
+            );
+            let r = recorded_case(cx, &c, kv);
+            cx.case(name, 0.0, |_| r);
+        }
+    }
+}
+
+fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
+    let gpu = CudaBackend::with_device(cx.gpu.dev.clone(), kv)
+        .map_err(|e| anyhow::anyhow!("backend: {e}"))?
+        .with_fused_attn_prep(false);
+    let hd = c.rope.head_dim;
+    let (qw, kw) = (c.heads * hd, c.hkv * hd);
+    let w: Vec<Vec<f32>> = (0..3)
+        .map(|_| uniform(&mut cx.rng, hd, -1.0, 1.5))
+        .collect();
+    let gw = prep_weights(&gpu, &w, hd)?;
+    let prep = prep_of(&gw, c.modes, (c.heads, c.hkv), &c.rope);
+    let params = AttnParams {
+        n_heads: c.heads,
+        n_kv_heads: c.hkv,
+        head_dim: hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+        window: None,
+        softcap: None,
+    };
+    let shape = KvShape::full(c.hkv, hd, 512);
+    // a cache holding positions 0 .. pos0 (the same rows for both paths)
+    let prefill: Vec<Vec<f32>> = [qw, kw, kw]
+        .iter()
+        .map(|&cols| uniform(&mut cx.rng, c.pos0.max(1) * cols, -3.0, 3.0))
+        .collect();
+    let filled = || -> R<crate::backend::cuda::GpuKvCache> {
+        let mut cache = gpu.kv_cache(shape)?;
+        if c.pos0 > 0 {
+            let ids: Vec<u32> = (0..c.pos0 as u32).collect();
+            gpu.begin_forward(&ids, 0)?;
+            let t = |i: usize, cols: usize| gpu.tensor(&prefill[i], c.pos0, cols);
+            gpu.attn_prep(&t(0, qw)?, &t(1, kw)?, &t(2, kw)?, &mut cache, 0, &prep)?;
+        }
+        Ok(cache)
+    };
+    let (mut rec_cache, mut direct_cache) = (filled()?, filled()?);
+    // the decode row's inputs: rewritten before each replay
+    let (dq, dk, dv) = (
+        gpu.tensor(&vec![0.0; qw], 1, qw)?,
+        gpu.tensor(&vec![0.0; kw], 1, kw)?,
+        gpu.tensor(&vec![0.0; kw], 1, kw)?,
+    );
+    gpu.begin_forward(&[0], c.pos0)?;
+    if !gpu.record_begin()? {
+        anyhow::bail!("the backend does not record steps (FUCINA_NO_GRAPHS is set)");
+    }
+    let out = match attn_prep_attention_composed(
+        &gpu,
+        &dq,
+        &dk,
+        &dv,
+        &mut rec_cache,
+        c.pos0,
+        &prep,
+        &params,
+    ) {
+        Ok(o) => o,
+        Err(e) => {
+            gpu.record_abort();
+            return Err(e.into());
+        }
+    };
+    let step = gpu.record_end()?;
+    let lay = kv_layout(&shape, kv);
+    let bytes = |b: Vec<u8>| b.into_iter().map(f32::from).collect::<Vec<_>>();
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let (q, k, v) = (
+            uniform(&mut cx.rng, qw, -3.0, 3.0),
+            uniform(&mut cx.rng, kw, -3.0, 3.0),
+            uniform(&mut cx.rng, kw, -3.0, 3.0),
+        );
+        dq.buf.write(&q)?;
+        dk.buf.write(&k)?;
+        dv.buf.write(&v)?;
+        poison_row(&rec_cache, c.pos0)?;
+        gpu.begin_forward(&[0], c.pos0)?;
+        gpu.replay(&step)?;
+        got.extend(host(&gpu, &out)?);
+        got.extend(bytes(rec_cache.k.read::<u8>(lay.bytes())?));
+        got.extend(bytes(rec_cache.v.read::<u8>(lay.bytes())?));
+        poison_row(&direct_cache, c.pos0)?;
+        gpu.begin_forward(&[0], c.pos0)?;
+        let o = attn_prep_attention_composed(
+            &gpu,
+            &dq,
+            &dk,
+            &dv,
+            &mut direct_cache,
+            c.pos0,
+            &prep,
+            &params,
+        )?;
+        want.extend(host(&gpu, &o)?);
+        want.extend(bytes(direct_cache.k.read::<u8>(lay.bytes())?));
+        want.extend(bytes(direct_cache.v.read::<u8>(lay.bytes())?));
+    }
+    Ok((got, want))
 }
