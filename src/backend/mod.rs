@@ -514,6 +514,20 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Self::Tensor> {
         attn_prep_composed(self, q, k, v, cache, pos0, p)
     }
+    /// One decode row's fused q|k|v projection (`w`: the q, k and v weights stacked by rows)
+    /// followed by [`Backend::attn_prep`], as one op where the backend has it: the rotated q,
+    /// K and V written to `cache` at `pos0`. None where it does not take the inputs (the caller
+    /// runs `linear`, then `attn_prep`). Default: None.
+    fn linear_attn_prep(
+        &self,
+        _x: &Self::Tensor,
+        _w: &Self::Weight,
+        _cache: &mut Self::KvCache,
+        _pos0: usize,
+        _p: &AttnPrep<'_, Self::Tensor>,
+    ) -> Result<Option<Self::Tensor>> {
+        Ok(None)
+    }
     /// Causal attention of `q` (`[n, n_heads*hd]`, rows at `pos0 ..`) over the cache's
     /// positions `0 .. pos0 + n` (limited by the window). Returns `[n, n_heads*hd]`.
     fn attention(

@@ -117,6 +117,7 @@ pub fn run(dev: std::sync::Arc<CudaDevice>, seed: u64) -> R<Vec<OpRow>> {
     moe_cases(&mut cx);
     super::backend_fused::side_car_cases(&mut cx);
     super::backend_glu::linear_glu_cases(&mut cx);
+    super::backend_qkv_prep::qkv_prep_cases(&mut cx);
     super::backend_res::linear_res_cases(&mut cx);
     super::backend_res::rsqv_cases(&mut cx);
     super::backend_res_wide::wide_cases(&mut cx);

@@ -12,6 +12,7 @@ mod backend_moe;
 mod backend_ops;
 mod backend_prefill;
 mod backend_qkv;
+mod backend_qkv_prep;
 mod backend_res;
 mod backend_res_wide;
 mod check;

@@ -25,6 +25,7 @@ mod launch_moe;
 pub mod launch_moe_fused;
 mod launch_prefill;
 mod launch_ptr;
+mod launch_qkvp;
 pub mod launch_res;
 pub mod moe;
 pub mod moe_decode;

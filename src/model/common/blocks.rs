@@ -292,6 +292,37 @@ impl<B: Backend> AttentionLayer<B> {
         Some(norms.first().map_or(0.0, |n| n.eps))
     }
 
+    /// The layer from its input row `x` to the input of `o_proj` where the backend runs the
+    /// q|k|v projection and the attention input as one op ([`Backend::linear_attn_prep`]: a
+    /// fused q|k|v weight, no output gate, norms [`Backend::attn_prep`] takes), then the
+    /// attention; None where it does not (the caller runs [`Qkv::forward`] and
+    /// [`Self::attend`]), having computed nothing.
+    pub fn attend_fused(
+        &self,
+        be: &B,
+        x: &B::Tensor,
+        cache: &mut B::KvCache,
+        pos0: usize,
+    ) -> R<Option<B::Tensor>> {
+        let (Qkv::Fused(w, _), false, Some(eps)) = (&self.qkv, self.gated, self.prep_eps()) else {
+            return Ok(None);
+        };
+        let p = &self.params;
+        let prep = AttnPrep {
+            n_heads: p.n_heads,
+            n_kv_heads: p.n_kv_heads,
+            q_norm: self.q_norm.as_ref().map(NormW::norm),
+            k_norm: self.k_norm.as_ref().map(NormW::norm),
+            v_norm: None,
+            eps,
+            rope: &self.rope,
+        };
+        match bk!(be.linear_attn_prep(x, w, cache, pos0, &prep))? {
+            Some(q) => Ok(Some(bk!(be.attention(&q, cache, pos0, p))?)),
+            None => Ok(None),
+        }
+    }
+
     /// The layer from its q/k/v projections ([`Qkv`]) to the input of `o_proj`: q/k norms,
     /// RoPE, the cache write, attention and the output gate. The decoder applies `o` (with the
     /// residual add and the next norm: `NormW::linear_add_then`).

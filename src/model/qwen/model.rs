@@ -466,7 +466,7 @@ impl<B: Backend> QwenSession<B> {
         for (layer, st) in m.layers.iter().zip(states.iter_mut()) {
             let branch = match (&layer.mixer, st) {
                 (MixerW::Attn(a), LayerState::Kv(c)) => {
-                    let qkv = match pending.take() {
+                    let out = match pending.take() {
                         Some(Pending::Proj(xin, w)) => {
                             let ws = a.qkv.weights();
                             let (s, outs) = layer.attn_norm.linear_add_then(
@@ -476,14 +476,18 @@ impl<B: Backend> QwenSession<B> {
                                 &NormNext::Linear(&ws),
                             )?;
                             h = s;
-                            a.qkv.split(be, outs)?
+                            a.attend(be, a.qkv.split(be, outs)?, c, pos0)?
                         }
                         p => {
                             let x = norm_pending(be, &layer.attn_norm, &mut h, p)?;
-                            a.qkv.forward(be, &x)?
+                            // q|k|v and the attention input in one op where the backend has it
+                            match a.attend_fused(be, &x, c, pos0)? {
+                                Some(out) => out,
+                                None => a.attend(be, a.qkv.forward(be, &x)?, c, pos0)?,
+                            }
                         }
                     };
-                    Pending::Proj(a.attend(be, qkv, c, pos0)?, &a.o)
+                    Pending::Proj(out, &a.o)
                 }
                 (MixerW::Gdn(g), LayerState::Gdn(s)) => {
                     let x = norm_pending(be, &layer.attn_norm, &mut h, pending.take())?;

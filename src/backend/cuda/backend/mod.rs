@@ -16,6 +16,7 @@ mod linear;
 mod linear_pipe;
 mod linear_res;
 mod moe;
+mod qkv_prep;
 mod step;
 mod weights;
 
@@ -85,6 +86,9 @@ pub struct CudaBackend {
     /// Whether q4_kr deferred-norm consumers take the wide entries (`rs_wide`): None follows
     /// the launch's size.
     rs_wide: Option<bool>,
+    /// Whether a decode row's q|k|v projection and attn_prep run as one `__qkvp` launch
+    /// (`linear_attn_prep`): None follows `FUCINA_QKV_PREP` (off unless 1).
+    qkv_prep: Option<bool>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -145,6 +149,14 @@ impl CudaBackend {
         Self::with_device(Arc::new(CudaDevice::new(ordinal)?), kv_type)
     }
 
+    /// This backend running a decode row's q|k|v projection and attn_prep as one `__qkvp`
+    /// launch where it applies (`true`) or never, whatever `FUCINA_QKV_PREP` says (the
+    /// selftest's rows).
+    pub fn with_qkv_prep(mut self, on: bool) -> Self {
+        self.qkv_prep = Some(on);
+        self
+    }
+
     /// A backend on an already opened device.
     pub fn with_device(
         dev: Arc<CudaDevice>,
@@ -171,6 +183,7 @@ impl CudaBackend {
             fuse_attn_prep: None,
             rsqv: None,
             rs_wide: None,
+            qkv_prep: None,
         })
     }
 
@@ -537,6 +550,17 @@ impl Backend for CudaBackend {
         p: &AttnPrep<'_, GpuTensor>,
     ) -> Result<GpuTensor> {
         self.attn_prep_impl(q, k, v, cache, pos0, p)
+    }
+
+    fn linear_attn_prep(
+        &self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        cache: &mut GpuKvCache,
+        pos0: usize,
+        p: &AttnPrep<'_, GpuTensor>,
+    ) -> Result<Option<GpuTensor>> {
+        self.linear_attn_prep_impl(x, w, cache, pos0, p)
     }
 
     fn l2_norm(&self, x: &GpuTensor, eps: f32, dim: usize) -> Result<GpuTensor> {
