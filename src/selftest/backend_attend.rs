@@ -24,25 +24,47 @@ use crate::backend::{attn_prep_attention_composed, AttnParams, Backend, KvShape,
 use crate::ops::RopeLayout;
 
 /// One decode case: heads, RoPE, norms (q, k, v: None / 0 plain / 1 1+w / 2 none), position.
-struct Case {
-    name: &'static str,
-    heads: usize,
-    hkv: usize,
-    rope: Rope,
-    modes: [Option<u8>; 3],
-    pos0: usize,
+pub(super) struct Case {
+    pub(super) name: &'static str,
+    pub(super) heads: usize,
+    pub(super) hkv: usize,
+    pub(super) rope: Rope,
+    pub(super) modes: [Option<u8>; 3],
+    pub(super) pos0: usize,
 }
 
-fn cases() -> Vec<Case> {
-    let rope = |rot: usize, layout, ff: Option<Vec<f32>>| Rope {
+/// A head-dim-128 RoPE rotating `rot` dims (theta 1e6), with the given frequency divisors.
+fn rope128(rot: usize, layout: RopeLayout, ff: Option<Vec<f32>>) -> Rope {
+    Rope {
         head_dim: 128,
         rot_dims: rot,
         theta: 1_000_000.0,
         layout,
         freq_factors: ff,
         freq_base_dims: rot,
-    };
-    let ff: Vec<f32> = (0..32).map(|i| 1.0 + (i % 5) as f32).collect();
+    }
+}
+
+/// 32 frequency divisors 1..=5 (a partial RoPE of 64 dims).
+fn freq_factors32() -> Vec<f32> {
+    (0..32).map(|i| 1.0 + (i % 5) as f32).collect()
+}
+
+/// Decode attention parameters of `heads` / `hkv` heads of `hd` (no window, no softcap).
+fn params(heads: usize, hkv: usize, hd: usize) -> AttnParams {
+    AttnParams {
+        n_heads: heads,
+        n_kv_heads: hkv,
+        head_dim: hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+        window: None,
+        softcap: None,
+    }
+}
+
+pub(super) fn cases() -> Vec<Case> {
+    let rope = rope128;
+    let ff = freq_factors32();
     vec![
         Case {
             name: "qwen3-8b heads (32 / 8, q/k norm)",
@@ -109,14 +131,7 @@ pub(super) fn attend_cases(cx: &mut Ctx) {
                 }
             };
             let shape = KvShape::full(c.hkv, hd, 512);
-            let params = AttnParams {
-                n_heads: c.heads,
-                n_kv_heads: c.hkv,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                window: None,
-                softcap: None,
-            };
+            let params = params(c.heads, c.hkv, hd);
             // (attention output, K cache bytes, V cache bytes); `fused`: the backend's op
             let run = |fused: bool, registered: bool| -> R<(Vec<f32>, Vec<u8>, Vec<u8>)> {
                 let gw = prep_weights(gpu, &w, hd)?;
@@ -235,14 +250,7 @@ fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
         .collect();
     let gw = prep_weights(&gpu, &w, hd)?;
     let prep = prep_of(&gw, c.modes, (c.heads, c.hkv), &c.rope);
-    let params = AttnParams {
-        n_heads: c.heads,
-        n_kv_heads: c.hkv,
-        head_dim: hd,
-        scale: 1.0 / (hd as f32).sqrt(),
-        window: None,
-        softcap: None,
-    };
+    let params = params(c.heads, c.hkv, hd);
     let shape = KvShape::full(c.hkv, hd, 512);
     // a cache holding positions 0 .. pos0 (the same rows for both paths)
     let prefill: Vec<Vec<f32>> = [qw, kw, kw]

@@ -9,82 +9,32 @@
 //! `__mma_prep` does (whose rows check that order against attn_prep). Both runs first fill
 //! positions 0 .. pos0 with the same rows, and run with the step's position registered.
 
+use super::backend_attend::{cases, Case};
 use super::backend_fused::{prep_of, prep_weights};
 use super::backend_ops::{host, tref, Ctx, Pair, R};
 use super::check::uniform;
 use crate::backend::cuda::kv::kv_layout;
 use crate::backend::cuda::{CudaBackend, KvType};
-use crate::backend::{Backend, KvShape, Norm, Rope};
+use crate::backend::{Backend, KvShape, Norm};
 use crate::ops::qdot::random_weights;
-use crate::ops::RopeLayout;
 use crate::quant::GgmlType;
 
-/// One case: input width, heads, RoPE, norms (q, k, v: None / 0 plain / 1 1+w / 2 none),
-/// position.
-struct Case {
-    name: &'static str,
-    k: usize,
-    heads: usize,
-    hkv: usize,
-    rope: Rope,
-    modes: [Option<u8>; 3],
-    pos0: usize,
-}
-
-fn cases() -> Vec<Case> {
-    let rope = |rot: usize, layout, ff: Option<Vec<f32>>| Rope {
-        head_dim: 128,
-        rot_dims: rot,
-        theta: 1_000_000.0,
-        layout,
-        freq_factors: ff,
-        freq_base_dims: rot,
-    };
-    let ff: Vec<f32> = (0..32).map(|i| 1.0 + (i % 5) as f32).collect();
-    vec![
-        Case {
-            name: "qwen3-8b (4096 -> 32 / 8 heads, q/k norm)",
-            k: 4096,
-            heads: 32,
-            hkv: 8,
-            rope: rope(128, RopeLayout::Neox, None),
-            modes: [Some(0), Some(0), None],
-            pos0: 37,
-        },
-        Case {
-            name: "1024 -> 4 / 2 heads, 1+w norms, past one page",
-            k: 1024,
-            heads: 4,
-            hkv: 2,
-            rope: rope(128, RopeLayout::Neox, None),
-            modes: [Some(1), Some(1), None],
-            pos0: 300,
-        },
-        Case {
-            name: "2048 -> 8 / 1 heads, interleaved partial RoPE, freq factors, v-norm, no q norm",
-            k: 2048,
-            heads: 8,
-            hkv: 1,
-            rope: rope(64, RopeLayout::Interleaved, Some(ff)),
-            modes: [None, Some(0), Some(2)],
-            pos0: 0,
-        },
-    ]
-}
+/// The input widths the cases of `backend_attend::cases` get here (each a multiple of 256).
+const WIDTHS: [usize; 4] = [4096, 2048, 1024, 2048];
 
 pub(super) fn qkv_prep_cases(cx: &mut Ctx) {
-    for c in cases() {
+    for (c, &k) in cases().iter().zip(&WIDTHS) {
         let hd = c.rope.head_dim;
         let rows = (c.heads + 2 * c.hkv) * hd;
-        let Ok(wb) = random_weights(GgmlType::Q4_0, rows, c.k, &mut cx.rng) else {
+        let Ok(wb) = random_weights(GgmlType::Q4_0, rows, k, &mut cx.rng) else {
             continue;
         };
-        let wr = tref("qkv", GgmlType::Q4_0, vec![rows, c.k], &wb);
+        let wr = tref("qkv", GgmlType::Q4_0, vec![rows, k], &wb);
         let w: Vec<Vec<f32>> = (0..3)
             .map(|_| uniform(&mut cx.rng, hd, -1.0, 1.5))
             .collect();
-        let nw = uniform(&mut cx.rng, c.k, -1.0, 1.5);
-        let x = uniform(&mut cx.rng, c.k, -3.0, 3.0);
+        let nw = uniform(&mut cx.rng, k, -1.0, 1.5);
+        let x = uniform(&mut cx.rng, k, -3.0, 3.0);
         // the cache's earlier positions: K and V rows written through attn_prep
         let pre: Vec<Vec<f32>> = [c.heads, c.hkv, c.hkv]
             .iter()
@@ -92,10 +42,10 @@ pub(super) fn qkv_prep_cases(cx: &mut Ctx) {
             .collect();
         for kv in [KvType::Fp8E4m3, KvType::F16] {
             let kvn = if kv == KvType::F16 { "f16" } else { "fp8" };
-            let r = one_case(cx, &c, kv, &wr, &w, &nw, &x, &pre);
+            let r = one_case(cx, c, k, kv, &wr, &w, &nw, &x, &pre);
             cx.case(
                 format!(
-                    "linear_attn_prep Q4_0 {} {kvn} at {}: one launch == linear + attn_prep",
+                    "linear_attn_prep Q4_0 {k} -> {} {kvn} at {}: one launch == linear + attn_prep",
                     c.name, c.pos0
                 ),
                 0.0,
@@ -109,6 +59,7 @@ pub(super) fn qkv_prep_cases(cx: &mut Ctx) {
 fn one_case(
     cx: &Ctx,
     c: &Case,
+    k: usize,
     kv: KvType,
     wr: &crate::weights::TensorRef<'_>,
     w: &[Vec<f32>],
@@ -136,8 +87,8 @@ fn one_case(
         }
         be.begin_forward(&[0], c.pos0)?;
         // the decode input: a norm's output with its int8 side-car
-        let (xt, nwt) = (be.tensor(x, 1, c.k)?, be.tensor(nw, 1, c.k)?);
-        let xn = be.rms_norm(&xt, Norm::Plain(&nwt), 1e-6, c.k)?;
+        let (xt, nwt) = (be.tensor(x, 1, k)?, be.tensor(nw, 1, k)?);
+        let xn = be.rms_norm(&xt, Norm::Plain(&nwt), 1e-6, k)?;
         let q = if fused {
             be.linear_attn_prep(&xn, &gw, &mut cache, c.pos0, &prep)?
                 .ok_or_else(|| anyhow::anyhow!("the one-launch path did not take the case"))?

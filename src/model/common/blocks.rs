@@ -292,6 +292,19 @@ impl<B: Backend> AttentionLayer<B> {
         Some(norms.first().map_or(0.0, |n| n.eps))
     }
 
+    /// What [`Backend::attn_prep`] does for this layer (its q/k norms at `eps`, its RoPE).
+    fn prep(&self, eps: f32) -> AttnPrep<'_, B::Tensor> {
+        AttnPrep {
+            n_heads: self.params.n_heads,
+            n_kv_heads: self.params.n_kv_heads,
+            q_norm: self.q_norm.as_ref().map(NormW::norm),
+            k_norm: self.k_norm.as_ref().map(NormW::norm),
+            v_norm: None,
+            eps,
+            rope: &self.rope,
+        }
+    }
+
     /// The layer from its input row `x` to the input of `o_proj` where the backend runs the
     /// q|k|v projection and the attention input as one op ([`Backend::linear_attn_prep`]: a
     /// fused q|k|v weight, no output gate, norms [`Backend::attn_prep`] takes), then the
@@ -308,16 +321,7 @@ impl<B: Backend> AttentionLayer<B> {
             return Ok(None);
         };
         let p = &self.params;
-        let prep = AttnPrep {
-            n_heads: p.n_heads,
-            n_kv_heads: p.n_kv_heads,
-            q_norm: self.q_norm.as_ref().map(NormW::norm),
-            k_norm: self.k_norm.as_ref().map(NormW::norm),
-            v_norm: None,
-            eps,
-            rope: &self.rope,
-        };
-        match bk!(be.linear_attn_prep(x, w, cache, pos0, &prep))? {
+        match bk!(be.linear_attn_prep(x, w, cache, pos0, &self.prep(eps)))? {
             Some(q) => Ok(Some(bk!(be.attention(&q, cache, pos0, p))?)),
             None => Ok(None),
         }
@@ -345,23 +349,7 @@ impl<B: Backend> AttentionLayer<B> {
         let mut a = match self.prep_eps() {
             // q/k norms, RoPE, the cache write and the attention as one op (on the GPU one or
             // two kernels)
-            Some(eps) => bk!(be.attn_prep_attention(
-                &q,
-                &k,
-                &v,
-                cache,
-                pos0,
-                &AttnPrep {
-                    n_heads: p.n_heads,
-                    n_kv_heads: p.n_kv_heads,
-                    q_norm: self.q_norm.as_ref().map(NormW::norm),
-                    k_norm: self.k_norm.as_ref().map(NormW::norm),
-                    v_norm: None,
-                    eps,
-                    rope: &self.rope,
-                },
-                p,
-            ))?,
+            Some(eps) => bk!(be.attn_prep_attention(&q, &k, &v, cache, pos0, &self.prep(eps), p,))?,
             None => {
                 let q = match &self.q_norm {
                     Some(n) => n.apply(be, &q)?,
