@@ -39,24 +39,16 @@ fn invalid(op: &'static str, detail: String) -> CudaError {
 }
 
 impl CudaDevice {
-    /// Whether `e` is a `__qkvp` entry (rendered for q4_0r at batch 1 on sm_90+).
-    pub fn has_qkvp(e: &KernEntry) -> bool {
-        e.suffix() == "qkvp"
-            && e.spec()
-                .source
-                .contains(&format!("{}__qkvp(", e.spec().name))
-    }
-
     /// The rotated q of one row into `a.bufs.q_out` and its K / V rows into the cache at
     /// `a.bufs.pos[0]`, from `a.w` against the row's side-car.
     pub fn gemv_qkvp_ptr(&self, e: &KernEntry, a: &QkvPrepArgs<'_>) -> Result<(), CudaError> {
         const OP: &str = "gemv_qkvp";
         let (p, b, l) = (a.launch, a.bufs, a.layout);
         expect(&e.kern, &[Op::Gemv], OP)?;
-        if !Self::has_qkvp(e) {
+        if e.suffix() != "qkvp" {
             return Err(invalid(
                 OP,
-                format!("{} has no __qkvp entry", e.spec().name),
+                format!("{}__{} is not a __qkvp entry", e.spec().name, e.suffix()),
             ));
         }
         let d = QKVP_HEAD_DIM;

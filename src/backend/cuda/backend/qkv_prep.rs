@@ -7,7 +7,6 @@
 use super::super::kv::{check_kv_positions, kv_layout};
 use super::super::launch_qkvp::{QkvPrepArgs, QKVP_HEAD_DIM};
 use super::super::types::{GpuKvCache, GpuTensor, GpuWeight};
-use super::super::CudaDevice;
 use super::CudaBackend;
 use crate::backend::{AttnPrep, Result};
 use crate::kernels::{BatchBucket, Op, Quant};
@@ -56,12 +55,10 @@ impl CudaBackend {
         {
             return Ok(None);
         }
+        // loaded once; an instance without the entry (before sm_90) fails to load it
         let Ok(e) = self.kern_entry_at(Op::Gemv, Quant::Q4_0R, BatchBucket::B1, "qkvp") else {
             return Ok(None);
         };
-        if !CudaDevice::has_qkvp(&e) {
-            return Ok(None);
-        }
         check_kv_positions(cache, pos0, 1)?;
         let mut own = None;
         let (xq, xds) = self.row_side_car(x, &mut own)?;
