@@ -15,7 +15,7 @@
 //! Before every run the new position's K / V rows hold NaN: the attention kernel may load the
 //! cache before its programmatic-launch wait, but not that row, which attn_prep writes. Bound 0.
 
-use super::backend_fused::{prep_of, prep_weights};
+use super::backend_fused::{prep_of, prep_weights, with_cache};
 use super::backend_ops::{host, Ctx, Pair, R};
 use super::check::uniform;
 use crate::backend::cuda::kv::kv_layout;
@@ -132,8 +132,8 @@ pub(super) fn attend_cases(cx: &mut Ctx) {
             };
             let shape = KvShape::full(c.hkv, hd, 512);
             let params = params(c.heads, c.hkv, hd);
-            // (attention output, K cache bytes, V cache bytes); `fused`: the backend's op
-            let run = |fused: bool, registered: bool| -> R<(Vec<f32>, Vec<u8>, Vec<u8>)> {
+            // the attention output, then the K / V cache bytes; `fused`: the backend's op
+            let run = |fused: bool, registered: bool| -> R<Vec<f32>> {
                 let gw = prep_weights(gpu, &w, hd)?;
                 let prep = prep_of(&gw, c.modes, (c.heads, c.hkv), &c.rope);
                 let mut cache = gpu.kv_cache(shape)?;
@@ -166,24 +166,12 @@ pub(super) fn attend_cases(cx: &mut Ctx) {
                         gpu, &dq, &dk, &dv, &mut cache, c.pos0, &prep, &params,
                     )?
                 };
-                let bytes = kv_layout(&cache.shape, cache.kv_type).bytes();
-                let (kb, vb) = (cache.k.read::<u8>(bytes)?, cache.v.read::<u8>(bytes)?);
-                Ok((host(gpu, &out)?, kb, vb))
+                with_cache(host(gpu, &out)?, &cache)
             };
             let kvn = if kv == KvType::F16 { "f16" } else { "fp8" };
             for registered in [true, false] {
-                let same = (|| -> R<Pair> {
-                    let (fo, fk, fv) = run(true, registered)?;
-                    let (co, ck, cv) = run(false, registered)?;
-                    let bytes = |b: Vec<u8>| b.into_iter().map(f32::from).collect::<Vec<_>>();
-                    let mut got = fo;
-                    got.extend(bytes(fk));
-                    got.extend(bytes(fv));
-                    let mut want = co;
-                    want.extend(bytes(ck));
-                    want.extend(bytes(cv));
-                    Ok((got, want))
-                })();
+                let same =
+                    (|| -> R<Pair> { Ok((run(true, registered)?, run(false, registered)?)) })();
                 let how = if registered { "step" } else { "uploaded" };
                 rows_out.push((
                     format!(
@@ -295,8 +283,6 @@ fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
         }
     };
     let step = gpu.record_end()?;
-    let lay = kv_layout(&shape, kv);
-    let bytes = |b: Vec<u8>| b.into_iter().map(f32::from).collect::<Vec<_>>();
     let (mut got, mut want) = (Vec::new(), Vec::new());
     for _ in 0..3 {
         let (q, k, v) = (
@@ -310,9 +296,7 @@ fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
         poison_row(&rec_cache, c.pos0)?;
         gpu.begin_forward(&[0], c.pos0)?;
         gpu.replay(&step)?;
-        got.extend(host(&gpu, &out)?);
-        got.extend(bytes(rec_cache.k.read::<u8>(lay.bytes())?));
-        got.extend(bytes(rec_cache.v.read::<u8>(lay.bytes())?));
+        got.extend(with_cache(host(&gpu, &out)?, &rec_cache)?);
         poison_row(&direct_cache, c.pos0)?;
         gpu.begin_forward(&[0], c.pos0)?;
         let o = attn_prep_attention_composed(
@@ -325,9 +309,7 @@ fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
             &prep,
             &params,
         )?;
-        want.extend(host(&gpu, &o)?);
-        want.extend(bytes(direct_cache.k.read::<u8>(lay.bytes())?));
-        want.extend(bytes(direct_cache.v.read::<u8>(lay.bytes())?));
+        want.extend(with_cache(host(&gpu, &o)?, &direct_cache)?);
     }
     Ok((got, want))
 }

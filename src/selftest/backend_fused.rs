@@ -472,6 +472,14 @@ fn cache_bytes(c: &GpuKvCache) -> R<(Vec<u8>, Vec<u8>)> {
     Ok((c.k.read::<u8>(n)?, c.v.read::<u8>(n)?))
 }
 
+/// `vals` followed by every byte of `c`'s K then V cache, as f32: one vector to compare.
+pub(super) fn with_cache(mut vals: Vec<f32>, c: &GpuKvCache) -> R<Vec<f32>> {
+    let (k, v) = cache_bytes(c)?;
+    vals.extend(k.into_iter().map(f32::from));
+    vals.extend(v.into_iter().map(f32::from));
+    Ok(vals)
+}
+
 pub(super) fn attn_prep_cases(cx: &mut Ctx) {
     let f16 = match CudaBackend::with_device(cx.gpu.dev.clone(), KvType::F16) {
         Ok(b) => Some(b),

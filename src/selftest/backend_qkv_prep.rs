@@ -10,10 +10,9 @@
 //! positions 0 .. pos0 with the same rows, and run with the step's position registered.
 
 use super::backend_attend::{cases, Case};
-use super::backend_fused::{prep_of, prep_weights};
+use super::backend_fused::{prep_of, prep_weights, with_cache};
 use super::backend_ops::{host, tref, Ctx, Pair, R};
 use super::check::uniform;
-use crate::backend::cuda::kv::kv_layout;
 use crate::backend::cuda::{CudaBackend, KvType};
 use crate::backend::{Backend, KvShape, Norm};
 use crate::ops::qdot::random_weights;
@@ -70,8 +69,8 @@ fn one_case(
     let hd = c.rope.head_dim;
     let (qw, kw) = (c.heads * hd, c.hkv * hd);
     let shape = KvShape::full(c.hkv, hd, 512);
-    // (rotated q, K cache bytes, V cache bytes), each path on its own backend
-    let run = |fused: bool| -> R<(Vec<f32>, Vec<u8>, Vec<u8>)> {
+    // the rotated q, then the K / V cache bytes; each path on its own backend
+    let run = |fused: bool| -> R<Vec<f32>> {
         let be = CudaBackend::with_device(cx.gpu.dev.clone(), kv)
             .map_err(|e| anyhow::anyhow!("backend: {e}"))?
             .with_qkv_prep(fused);
@@ -101,21 +100,7 @@ fn one_case(
             );
             be.attn_prep(&q, &k, &v, &mut cache, c.pos0, &prep)?
         };
-        let bytes = kv_layout(&cache.shape, cache.kv_type).bytes();
-        Ok((
-            host(&be, &q)?,
-            cache.k.read::<u8>(bytes)?,
-            cache.v.read::<u8>(bytes)?,
-        ))
+        with_cache(host(&be, &q)?, &cache)
     };
-    let (fq, fk, fv) = run(true)?;
-    let (pq, pk, pv) = run(false)?;
-    let bytes = |b: Vec<u8>| b.into_iter().map(f32::from).collect::<Vec<_>>();
-    let mut got = fq;
-    got.extend(bytes(fk));
-    got.extend(bytes(fv));
-    let mut want = pq;
-    want.extend(bytes(pk));
-    want.extend(bytes(pv));
-    Ok((got, want))
+    Ok((run(true)?, run(false)?))
 }
