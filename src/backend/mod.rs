@@ -449,6 +449,14 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<(Self::Tensor, Vec<Self::Tensor>)> {
         linear_add_rms_norm_then_composed(self, x, w, h, norm, eps, next)
     }
+    /// Whether [`Backend::linear_add_rms_norm_then`] hands the norm over deferred for the
+    /// producer `w` and the consumers `next` (its rows then are not those of
+    /// [`linear_add_rms_norm_then_composed`]). Where it does not, a caller may run the
+    /// composition's ops itself (e.g. to fuse the consumers with what follows them) and get the
+    /// same results. Default: false.
+    fn defers_norm(&self, _w: &Self::Weight, _next: &NormNext<'_, Self::Weight>) -> Result<bool> {
+        Ok(false)
+    }
     /// A residual add with a norm on each side in one op:
     /// `s = (h + rms_norm(y, post.norm)) * post.scale`, returns `(s, rms_norm(s, w))`, both norms
     /// over groups of `dim` with `eps` (Gemma: the post-attention norm, the add and `ffn_norm`;

@@ -305,6 +305,12 @@ impl<B: Backend> AttentionLayer<B> {
         }
     }
 
+    /// Whether [`Self::attend_fused`] can apply (a fused q|k|v weight, no output gate, norms
+    /// [`Backend::attn_prep`] takes); the backend may still decline.
+    pub fn may_fuse_prep(&self) -> bool {
+        matches!(self.qkv, Qkv::Fused(..)) && !self.gated && self.prep_eps().is_some()
+    }
+
     /// The layer from its input row `x` to the input of `o_proj` where the backend runs the
     /// q|k|v projection and the attention input as one op ([`Backend::linear_attn_prep`]: a
     /// fused q|k|v weight, no output gate, norms [`Backend::attn_prep`] takes), then the

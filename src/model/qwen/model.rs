@@ -467,7 +467,10 @@ impl<B: Backend> QwenSession<B> {
             let branch = match (&layer.mixer, st) {
                 (MixerW::Attn(a), LayerState::Kv(c)) => {
                     let out = match pending.take() {
-                        Some(Pending::Proj(xin, w)) => {
+                        Some(Pending::Proj(xin, w))
+                            if !a.may_fuse_prep()
+                                || bk!(be.defers_norm(w, &NormNext::Linear(&a.qkv.weights())))? =>
+                        {
                             let ws = a.qkv.weights();
                             let (s, outs) = layer.attn_norm.linear_add_then(
                                 be,
@@ -478,6 +481,8 @@ impl<B: Backend> QwenSession<B> {
                             h = s;
                             a.attend(be, a.qkv.split(be, outs)?, c, pos0)?
                         }
+                        // where the norm is not deferred, the projection, the add and the norm
+                        // run as their ops, so q|k|v can join the attention input
                         p => {
                             let x = norm_pending(be, &layer.attn_norm, &mut h, p)?;
                             // q|k|v and the attention input in one op where the backend has it

@@ -94,18 +94,30 @@ impl CudaBackend {
         eps: f32,
         next: &NormNext<'_, GpuWeight>,
     ) -> Result<(GpuTensor, Vec<GpuTensor>)> {
-        let glu_launch = match next {
-            NormNext::Glu(g, _) => self.glu_entry(h.cols, &g.matrix()?).is_some(),
-            NormNext::Linear(_) => false,
-        };
-        let producer = w.matrix()?.quant;
-        let on = self.defer_norm.or_else(|| defer_env(glu_launch));
-        if on.unwrap_or_else(|| defer_by_default(producer, glu_launch)) {
+        if self.defers_norm_impl(w, next)? {
             if let Some(r) = self.deferred_norm(x, w, h, &norm, eps, next)? {
                 return Ok(r);
             }
         }
         linear_add_rms_norm_then_composed(self, x, w, h, norm, eps, next)
+    }
+
+    /// Whether [`Self::linear_add_rms_norm_then_impl`] tries the deferred form for a producer
+    /// `w` and consumers `next` (the policy: [`CudaBackend::with_defer_norm`],
+    /// `FUCINA_DEFER_NORM`, else [`defer_by_default`]); where the kernels do not take the
+    /// inputs it still runs the composition.
+    pub(crate) fn defers_norm_impl(
+        &self,
+        w: &GpuWeight,
+        next: &NormNext<'_, GpuWeight>,
+    ) -> Result<bool> {
+        let v = w.matrix()?;
+        let glu_launch = match next {
+            NormNext::Glu(g, _) => self.glu_entry(v.rows, &g.matrix()?).is_some(),
+            NormNext::Linear(_) => false,
+        };
+        let on = self.defer_norm.or_else(|| defer_env(glu_launch));
+        Ok(on.unwrap_or_else(|| defer_by_default(v.quant, glu_launch)))
     }
 
     /// The deferred form of [`Self::linear_add_rms_norm_then_impl`] (whatever the policy

@@ -87,7 +87,7 @@ pub struct CudaBackend {
     /// the launch's size.
     rs_wide: Option<bool>,
     /// Whether a decode row's q|k|v projection and attn_prep run as one `__qkvp` launch
-    /// (`linear_attn_prep`): None follows `FUCINA_QKV_PREP` (off unless 1).
+    /// (`linear_attn_prep`): None follows `FUCINA_QKV_PREP` (on unless 0).
     qkv_prep: Option<bool>,
 }
 
@@ -469,6 +469,13 @@ impl Backend for CudaBackend {
         next: &crate::backend::NormNext<'_, GpuWeight>,
     ) -> Result<(GpuTensor, Vec<GpuTensor>)> {
         self.linear_add_rms_norm_then_impl(x, w, h, norm, eps, next)
+    }
+    fn defers_norm(
+        &self,
+        w: &GpuWeight,
+        next: &crate::backend::NormNext<'_, GpuWeight>,
+    ) -> Result<bool> {
+        self.defers_norm_impl(w, next)
     }
     fn linear_glu(&self, x: &GpuTensor, w: &GpuWeight, act: Activation) -> Result<GpuTensor> {
         self.linear_glu_impl(x, w, act)
