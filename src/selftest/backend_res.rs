@@ -22,7 +22,7 @@ use crate::backend::cuda::{CudaBackend, GpuTensor, GpuWeight};
 use crate::backend::{
     linear_add_rms_norm_then_composed, norm_next_apply, Activation, Backend, Norm, NormNext,
 };
-use crate::ops::qdot::random_weights;
+use crate::ops::qdot::{dequantize_q8_1, quantize_q8_1, random_weights};
 use crate::quant::GgmlType;
 use crate::weights::TensorRef;
 
@@ -172,7 +172,7 @@ pub(super) fn linear_res_cases(cx: &mut Ctx) {
                     eps,
                     &nx,
                 )?;
-                let row = deferred_row(&host(&cx.gpu, &deferred.0)?, &nw, mode, eps);
+                let row = deferred_row(&host(&cx.gpu, &deferred.0)?, &nw, mode, eps)?;
                 let row = cx.gpu.tensor(&row, 1, row.len())?;
                 let outs = norm_next_apply(&cx.gpu, &row, &nx)?;
                 Ok((flat(&cx.gpu, deferred)?, flat(&cx.gpu, (s, outs))?))
@@ -314,7 +314,7 @@ fn against_cpu8(
     // the consumers over the GPU's own normed row: two backends' norms can put an int8 value on
     // either side of a half as well
     let row = if deferred {
-        deferred_row(&host(&cx.gpu, &got.0)?, nw, mode, eps)
+        deferred_row(&host(&cx.gpu, &got.0)?, nw, mode, eps)?
     } else {
         let y = cx.gpu.linear(&g.x, &g.w)?;
         let (_, n) = cx
@@ -331,12 +331,11 @@ fn against_cpu8(
 }
 
 /// The row a deferred norm's consumers read, from its sum `s`: the int8 blocks of s * w' that
-/// `__res` writes (q8_group's operations: d = amax / 127, q = round-half-even(v / d), the same
-/// IEEE steps on the host) dequantised, times the rstd of s. An int8 GEMV over it quantises each
-/// block back to the same integers (its values q d rstd, their amax 127 d rstd: every quotient
-/// within a few ulps of an integer), so a reference from it dots what the deferred consumers
-/// dot.
-fn deferred_row(s: &[f32], nw: &[f32], mode: Mode, eps: f32) -> Vec<f32> {
+/// `__res` writes (`quantize_q8_1`: q8_group's IEEE steps on the host) dequantised, times the
+/// rstd of s. An int8 GEMV over it quantises each block back to the same integers (its values
+/// q d rstd, their amax 127 d rstd: every quotient within a few ulps of an integer), so a
+/// reference from it dots what the deferred consumers dot.
+fn deferred_row(s: &[f32], nw: &[f32], mode: Mode, eps: f32) -> anyhow::Result<Vec<f32>> {
     let ss: f64 = s.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
     let rstd = (1.0 / (ss / s.len().max(1) as f64 + f64::from(eps)).sqrt()) as f32;
     let v: Vec<f32> = s
@@ -348,20 +347,8 @@ fn deferred_row(s: &[f32], nw: &[f32], mode: Mode, eps: f32) -> Vec<f32> {
             Mode::Weightless => x,
         })
         .collect();
-    let mut row = Vec::with_capacity(v.len());
-    for b in v.chunks(32) {
-        let amax = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let d = amax / 127.0;
-        row.extend(b.iter().map(|&x| {
-            let q = if amax > 0.0 {
-                (x / d).round_ties_even().clamp(-127.0, 127.0)
-            } else {
-                0.0
-            };
-            q * d * rstd
-        }));
-    }
-    row
+    let z = dequantize_q8_1(&quantize_q8_1(&v)?);
+    Ok(z.into_iter().map(|x| x * rstd).collect())
 }
 
 /// Every output of one path, concatenated: s, then the consumers'.
