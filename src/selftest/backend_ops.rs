@@ -121,6 +121,7 @@ pub fn run(dev: std::sync::Arc<CudaDevice>, seed: u64) -> R<Vec<OpRow>> {
     super::backend_res::linear_res_cases(&mut cx);
     super::backend_res::rsqv_cases(&mut cx);
     super::backend_res_wide::wide_cases(&mut cx);
+    super::backend_glurs::glurs_cases(&mut cx);
     super::backend_qkv::qkv_cases(&mut cx);
     super::backend_fused::add_rms_norm_cases(&mut cx);
     super::backend_fused::norm_add_rms_norm_cases(&mut cx);

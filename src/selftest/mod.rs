@@ -7,6 +7,7 @@
 mod backend_attend;
 mod backend_fused;
 mod backend_glu;
+mod backend_glurs;
 mod backend_kv;
 mod backend_moe;
 mod backend_ops;

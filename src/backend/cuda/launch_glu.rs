@@ -56,6 +56,9 @@ pub struct GemvGluArgs {
     pub ff: usize,
     pub k: usize,
     pub act: crate::backend::Activation,
+    /// A deferred norm over the input (`__glurs`: xq / xds are its z, each dot scaled by its
+    /// rstd), or None (`__glu`).
+    pub rs: Option<super::launch_res::RsArgs>,
 }
 
 impl CudaDevice {
@@ -67,7 +70,8 @@ impl CudaDevice {
         blocks: u32,
         sms: u32,
     ) -> Option<u32> {
-        if let Some(w) = glu_warps_env() {
+        // __glurs is compiled for blocks of GLU_WARPS warps
+        if let Some(w) = glu_warps_env().filter(|_| e.suffix() == "glu") {
             return Some(w);
         }
         let name = e.spec().name;
@@ -98,11 +102,24 @@ impl CudaDevice {
         const OP: &str = "gemv_glu";
         let spec = e.spec();
         expect(&e.kern, &[Op::Gemv], OP)?;
-        if e.suffix() != "glu" || spec.key.batch.value() != Some(1) {
+        let want = if a.rs.is_some() { "glurs" } else { "glu" };
+        if e.suffix() != want || spec.key.batch.value() != Some(1) {
             return Err(invalid(
                 OP,
-                format!("{}__{} is not a batch-1 __glu entry", spec.name, e.suffix()),
+                format!(
+                    "{}__{} is not a batch-1 __{want} entry",
+                    spec.name,
+                    e.suffix()
+                ),
             ));
+        }
+        if let Some(rs) = &a.rs {
+            if rs.dim() != a.k {
+                return Err(invalid(
+                    OP,
+                    format!("a deferred norm over {} values for k={}", rs.dim(), a.k),
+                ));
+            }
         }
         let q = spec.key.quant;
         let (_, split) = crate::quant::repack::source_of(q)
@@ -147,12 +164,25 @@ impl CudaDevice {
         let (wp, qp, dp) = (a.w.raw(), a.xq.raw(), a.xds.raw());
         let (hp, hqp, hdp) = (a.h.raw(), a.hq.raw(), a.hds.raw());
         // (const u8* w, const i8* xq, const float2* xds, float* h, i8* hq, float2* hds, int ff,
-        //  int k, int act), ff / 32 blocks of 128 threads; shapes and buffers checked above
-        self.go(
-            &e.kern,
-            cfg,
-            &[&wp, &qp, &dp, &hp, &hqp, &hdp, &ff32, &k32, &act],
-        )
+        //  int k, int act[, const float* rs_part, int rs_n, float eps]), ff / 32 blocks of 32
+        //  `warps` threads; shapes and buffers checked above
+        match &a.rs {
+            None => self.go(
+                &e.kern,
+                cfg,
+                &[&wp, &qp, &dp, &hp, &hqp, &hdp, &ff32, &k32, &act],
+            ),
+            Some(rs) => {
+                let (pp, n, eps) = (rs.part.raw(), int(OP, "rs_n", rs.part.len())?, rs.eps);
+                self.go(
+                    &e.kern,
+                    cfg,
+                    &[
+                        &wp, &qp, &dp, &hp, &hqp, &hdp, &ff32, &k32, &act, &pp, &n, &eps,
+                    ],
+                )
+            }
+        }
     }
 }
 

@@ -175,6 +175,7 @@ impl CudaBackend {
                 ff,
                 k,
                 act,
+                rs: None,
             },
             self.sms,
         )?;

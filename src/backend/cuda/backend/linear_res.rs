@@ -4,14 +4,17 @@
 //! One row against repacked weights (q4_0r / q8_0r / q4_kr, whole 256-element rows, outputs a
 //! multiple of 32) runs the GEMV's `__res` entry (the projection, the add, the norm weight
 //! applied and quantised, the sums of squares per 32) and then the consumers through the `__rs`
-//! entry, which scales its dots by the norm's rstd (a gate|up then runs the GLU kernel; a q4_kr
-//! q|k and a q6_kr v run as one `__rsqv` launch). No launch computes the norm itself. The normed
+//! entry, which scales its dots by the norm's rstd (a gate|up then runs the GLU kernel, or as one
+//! `__glurs` launch where that fits one wave; a q4_kr q|k and a q6_kr v run as one `__rsqv`
+//! launch). No launch computes the norm itself. The normed
 //! row differs from `add_rms_norm`'s in rounding only (its int8 blocks are those of s * w, times
 //! rstd).
 //!
-//! Where it is taken by default is measured ([`defer_by_default`]): after q4_kr and q6_kr
-//! projections, not where the gate|up GEMV runs as one `__glu` launch. `FUCINA_DEFER_NORM=0` / `=1`
-//! overrides. Anything the kernels do not take runs the composition (`linear`, `add_rms_norm`,
+//! Where it is taken by default is measured ([`defer_by_default`]): after q4_kr, q6_kr and
+//! q8_0r projections, not where the gate|up GEMV runs as one `__glu` launch; after q4_0r
+//! projections everywhere, the gate|up then as one `__glurs` launch (the `__glu` entry scaling
+//! its dots by rstd). `FUCINA_DEFER_NORM` (`0`, `1`, `linear`, `glu`) and `FUCINA_GLURS=0`
+//! override. Anything the kernels do not take runs the composition (`linear`, `add_rms_norm`,
 //! the consumers).
 
 use super::super::launch_linear::gemv_default_grid;
@@ -25,8 +28,8 @@ use crate::backend::{
 use crate::kernels::{BatchBucket, Op, Quant};
 
 /// `FUCINA_DEFER_NORM` (read once; for A/B runs): `0` never defers, `1` defers wherever the
-/// kernels apply, `linear` wherever the consumer is not one `__glu` launch, unset:
-/// [`defer_by_default`].
+/// kernels apply, `linear` wherever the consumer is not one `__glu` launch, `glu` only where it
+/// is (the gate|up then runs as `__glurs`), unset: [`defer_by_default`].
 fn defer_env(glu_launch: bool) -> Option<bool> {
     /// The setting: never, always, or where the consumer is not one `__glu` launch.
     #[derive(Clone, Copy)]
@@ -34,18 +37,21 @@ fn defer_env(glu_launch: bool) -> Option<bool> {
         Never,
         Always,
         Linear,
+        Glu,
     }
     static ON: std::sync::OnceLock<Option<Defer>> = std::sync::OnceLock::new();
     let on = *ON.get_or_init(|| match std::env::var("FUCINA_DEFER_NORM").as_deref() {
         Ok("0") => Some(Defer::Never),
         Ok("1") => Some(Defer::Always),
         Ok("linear") => Some(Defer::Linear),
+        Ok("glu") => Some(Defer::Glu),
         _ => None,
     });
     on.map(|d| match d {
         Defer::Never => false,
         Defer::Always => true,
         Defer::Linear => !glu_launch,
+        Defer::Glu => glu_launch,
     })
 }
 
@@ -60,9 +66,20 @@ fn defer_env(glu_launch: bool) -> Option<bool> {
 /// launch (`__rsglu`, arrival counters per 32 outputs) ran Q4_K_M 11% slower than `__rs` + the
 /// GLU kernel (session 20). After q8_0r projections since session 24, with `__res` in blocks of
 /// 24 warps: Qwen3-8B Q8_0 390.4 -> 396.3 tok/s (two runs each; 377.5 at 16 warps). After q4_0r
-/// ones the same change measured 586.7 -> 585.3 (two runs each), so Q4_0 keeps `add_rmsnorm`.
-fn defer_by_default(producer: Quant, glu_launch: bool) -> bool {
-    !glu_launch && matches!(producer, Quant::Q4KR | Quant::Q6KR | Quant::Q8_0R)
+/// ones the same change measured 586.7 -> 585.3 (two runs each).
+/// Session 32: after q4_0r projections both norms are deferred, the gate|up as one `__glurs`
+/// launch (`glurs`: that launch runs; else not deferred where the gate|up is one `__glu`
+/// launch), the q|k|v through `__rs` and attn_prep. Qwen3-8B Q4_0 decode at prompt 16, depths 0
+/// / 4096, two runs each: 595.0 / 536.9 and 595.8 / 537.3 tok/s with neither, 618.6 / 546.2
+/// and 619.1 / 546.9 with both (call H); the gate|up's alone 611.5 / 611.7 at depth 0 (call B);
+/// the down projection's alone 584 / 541, below neither (call E). After q8_0r projections both
+/// deferred measured 392.8 / 393.3 against 398.2 / 397.6, so Q8_0 keeps `add_rmsnorm` + `__glu`.
+fn defer_by_default(producer: Quant, glu_launch: bool, glurs: bool) -> bool {
+    match producer {
+        Quant::Q4_0R => !glu_launch || glurs,
+        Quant::Q4KR | Quant::Q6KR | Quant::Q8_0R => !glu_launch,
+        _ => false,
+    }
 }
 
 /// The default of [`CudaBackend::rs_wide`] for a q4_kr consumer of rows of `k` (<= 4096) in a
@@ -82,6 +99,16 @@ fn shape(detail: String) -> BackendError {
 /// Whether `q` is a repacked format whose rows of `k` its GEMV takes.
 fn repacked_fits(q: Quant, k: usize) -> bool {
     crate::quant::repack::source_of(q).is_some_and(|(_, s)| s.fits(k))
+}
+
+/// What a deferred norm's producer launch ([`CudaBackend::res_launch`]) hands its consumers:
+/// the sum s, z's int8 side-car and the partial sums (their buffer kept until the consumers
+/// are queued).
+struct ResOut {
+    s: GpuTensor,
+    z: super::super::types::Q8Side,
+    part: super::super::buf::DevBuf,
+    rs: RsArgs,
 }
 
 impl CudaBackend {
@@ -112,12 +139,16 @@ impl CudaBackend {
         next: &NormNext<'_, GpuWeight>,
     ) -> Result<bool> {
         let v = w.matrix()?;
-        let glu_launch = match next {
-            NormNext::Glu(g, _) => self.glu_entry(v.rows, &g.matrix()?).is_some(),
-            NormNext::Linear(_) => false,
+        let (glu_launch, glurs) = match next {
+            NormNext::Glu(g, _) => {
+                let gv = g.matrix()?;
+                let glu = self.glu_entry(v.rows, &gv).is_some();
+                (glu, glu && self.glurs_entry(&gv, v.rows).is_some())
+            }
+            NormNext::Linear(_) => (false, false),
         };
         let on = self.defer_norm.or_else(|| defer_env(glu_launch));
-        Ok(on.unwrap_or_else(|| defer_by_default(v.quant, glu_launch)))
+        Ok(on.unwrap_or_else(|| defer_by_default(v.quant, glu_launch, glurs)))
     }
 
     /// The deferred form of [`Self::linear_add_rms_norm_then_impl`] (whatever the policy
@@ -157,10 +188,6 @@ impl CudaBackend {
             }
             views.push(cv);
         }
-        let Ok(res) = self.kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "res") else {
-            return Ok(None);
-        };
-        let warps = res_warps(res.kern.spec);
         let mut rs_entries = Vec::with_capacity(views.len());
         for cv in &views {
             let Ok(k) = self.kern(Op::Gemv, cv.quant, BatchBucket::B1) else {
@@ -177,34 +204,15 @@ impl CudaBackend {
             };
             rs_entries.push(e);
         }
-        let norm = super::fused::norm_ptr("linear_add_rms_norm_then", norm, n)?;
-
-        let mut own = None;
-        let (xq, xds) = self.row_side_car(x, &mut own)?;
-        let s = self.alloc_tensor(1, n)?;
-        let z = self
-            .q8_side(1, n)?
-            .ok_or_else(|| shape(format!("no side-car for {n} values")))?;
-        let part_buf = self.pool.alloc(n / 32 * 4)?;
-        let part = slice(part_buf.f32(), n / 32)?;
-        self.dev.gemv_res_ptr(
-            &res,
-            &GemvResArgs {
-                w: v.data,
-                xq,
-                xds,
-                hres: h.ptr(),
-                s: s.ptr(),
-                norm,
-                zq: z.q(),
-                zds: z.ds(),
-                part,
-                n,
-                k,
-            },
-            warps,
-        )?;
-        let rs = RsArgs { part, eps };
+        let Some(ResOut {
+            s,
+            z,
+            part: _part,
+            rs,
+        }) = self.res_launch(x, w, h, norm, eps)?
+        else {
+            return Ok(None);
+        };
 
         let outs = match next {
             NormNext::Glu(_, act) => {
@@ -322,8 +330,101 @@ impl CudaBackend {
         Ok(self.rsqv_entry(&views).is_some())
     }
 
-    /// `act(gate n) * up n` of a fused gate|up weight over a deferred norm (`z`, `rs`): the
-    /// `__rs` GEMV, then the GLU kernel.
+    /// The producer of a deferred norm: `s = h + x w^T` through the `__res` entry, with the
+    /// int8 side-car of s times the norm weight (`z`) and the partial sums of s^2 (`rs`). None
+    /// where the entry does not take the inputs (nothing launched). The caller checks its
+    /// consumers first.
+    fn res_launch(
+        &self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        h: &GpuTensor,
+        norm: &Norm<'_, GpuTensor>,
+        eps: f32,
+    ) -> Result<Option<ResOut>> {
+        let v = w.matrix()?;
+        let (k, n) = (x.cols, v.rows);
+        if x.rows != 1
+            || h.rows != 1
+            || h.cols != n
+            || v.cols != k
+            || n == 0
+            || n % 32 != 0
+            || !repacked_fits(v.quant, k)
+        {
+            return Ok(None);
+        }
+        let Ok(res) = self.kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "res") else {
+            return Ok(None);
+        };
+        let warps = res_warps(res.kern.spec);
+        let norm = super::fused::norm_ptr("linear_add_rms_norm_then", norm, n)?;
+        let mut own = None;
+        let (xq, xds) = self.row_side_car(x, &mut own)?;
+        let s = self.alloc_tensor(1, n)?;
+        let z = self
+            .q8_side(1, n)?
+            .ok_or_else(|| shape(format!("no side-car for {n} values")))?;
+        let part_buf = self.pool.alloc(n / 32 * 4)?;
+        let part = slice(part_buf.f32(), n / 32)?;
+        self.dev.gemv_res_ptr(
+            &res,
+            &GemvResArgs {
+                w: v.data,
+                xq,
+                xds,
+                hres: h.ptr(),
+                s: s.ptr(),
+                norm,
+                zq: z.q(),
+                zds: z.ds(),
+                part,
+                n,
+                k,
+            },
+            warps,
+        )?;
+        Ok(Some(ResOut {
+            s,
+            z,
+            part: part_buf,
+            rs: RsArgs { part, eps },
+        }))
+    }
+
+    /// The `__glurs` entry for a deferred norm's gate|up `gv` over rows of `k`, where it runs
+    /// in one wave (as [`Self::glu_entry`] asks of `__glu`) and [`CudaBackend::with_glurs`] /
+    /// `FUCINA_GLURS` (default on) allow it; None: the `__rs` GEMV and the GLU kernel.
+    pub(crate) fn glurs_entry(
+        &self,
+        gv: &super::super::types::WeightView,
+        k: usize,
+    ) -> Option<super::super::launch_prefill::KernEntry> {
+        static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = self.glurs.unwrap_or_else(|| {
+            *ENV.get_or_init(|| std::env::var("FUCINA_GLURS").as_deref() != Ok("0"))
+        });
+        if !on {
+            return None;
+        }
+        self.glu_entry(k, gv)?;
+        let e = self
+            .kern_entry_at(Op::Gemv, gv.quant, BatchBucket::B1, "glurs")
+            .ok()?;
+        self.dev
+            .gemv_glu_warps(&e, (gv.rows / 64) as u32, self.sms)
+            .map(|_| e)
+    }
+
+    /// Whether a deferred norm over `k` values feeding the fused gate|up `w` runs as one
+    /// `__glurs` launch (the selftest's check that its rows compare that launch).
+    pub(crate) fn takes_glurs(&self, w: &GpuWeight, k: usize) -> Result<bool> {
+        Ok(self.glurs_entry(&w.matrix()?, k).is_some())
+    }
+
+    /// `act(gate n) * up n` of a fused gate|up weight over a deferred norm (`z`, `rs`): one
+    /// `__glurs` launch where [`Self::glurs_entry`] gives one, else the `__rs` GEMV, then the
+    /// GLU kernel.
     fn deferred_glu(
         &self,
         gv: &super::super::types::WeightView,
@@ -334,6 +435,30 @@ impl CudaBackend {
     ) -> Result<GpuTensor> {
         if gv.rows % 2 != 0 {
             return Err(shape(format!("{} gate|up rows", gv.rows)));
+        }
+        if let Some(e) = self.glurs_entry(gv, z.len) {
+            let ff = gv.rows / 2;
+            let h = self.alloc_tensor(1, ff)?;
+            let side = self
+                .q8_side(1, ff)?
+                .ok_or_else(|| shape(format!("no side-car for {ff} values")))?;
+            self.dev.gemv_glu_ptr(
+                &e,
+                &super::super::GemvGluArgs {
+                    w: gv.data,
+                    xq: z.q(),
+                    xds: z.ds(),
+                    h: h.ptr(),
+                    hq: side.q(),
+                    hds: side.ds(),
+                    ff,
+                    k: z.len,
+                    act,
+                    rs: Some(rs),
+                },
+                self.sms,
+            )?;
+            return Ok(h.with_q8(Some(side)));
         }
         let y = self.alloc_tensor(1, gv.rows)?;
         self.dev.gemv_rs_ptr(
@@ -353,18 +478,21 @@ impl CudaBackend {
 mod tests {
     use super::*;
 
-    /// The default follows the measurements: after a q4_kr or q6_kr projection, a gate|up only
-    /// where it is not one `__glu` launch; after q8_0r projections the same; nothing after q4_0r
-    /// projections.
+    /// The default follows the measurements: after a q4_kr, q6_kr or q8_0r projection, a
+    /// gate|up only where it is not one `__glu` launch; after q4_0r projections everywhere but
+    /// a `__glu` launch without its `__glurs` form; nothing after other formats.
     #[test]
     fn defers_where_measured() {
-        assert!(defer_by_default(Quant::Q4KR, false));
-        assert!(defer_by_default(Quant::Q6KR, false));
-        assert!(!defer_by_default(Quant::Q6KR, true));
-        assert!(!defer_by_default(Quant::Q4KR, true));
-        assert!(defer_by_default(Quant::Q8_0R, false));
-        assert!(!defer_by_default(Quant::Q8_0R, true));
-        assert!(!defer_by_default(Quant::Q4_0R, false));
+        assert!(defer_by_default(Quant::Q4KR, false, false));
+        assert!(defer_by_default(Quant::Q6KR, false, false));
+        assert!(!defer_by_default(Quant::Q6KR, true, false));
+        assert!(!defer_by_default(Quant::Q4KR, true, false));
+        assert!(defer_by_default(Quant::Q8_0R, false, false));
+        assert!(!defer_by_default(Quant::Q8_0R, true, true));
+        assert!(defer_by_default(Quant::Q4_0R, false, false));
+        assert!(defer_by_default(Quant::Q4_0R, true, true));
+        assert!(!defer_by_default(Quant::Q4_0R, true, false));
+        assert!(!defer_by_default(Quant::F32, false, false));
     }
 
     /// Qwen3-8B's q|k|v (6144 rows: 384 blocks) takes the wide entries on the H200's 132 SMs;

@@ -89,6 +89,9 @@ pub struct CudaBackend {
     /// Whether a decode row's q|k|v projection and attn_prep run as one `__qkvp` launch
     /// (`linear_attn_prep`): None follows `FUCINA_QKV_PREP` (on unless 0).
     qkv_prep: Option<bool>,
+    /// Whether a deferred norm's gate|up runs as one `__glurs` launch (`glurs_entry`): None
+    /// follows `FUCINA_GLURS` (on unless 0).
+    glurs: Option<bool>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -124,6 +127,14 @@ impl CudaBackend {
     /// (`true`) or as two, whatever `FUCINA_RSQV` says (the selftest's rows).
     pub fn with_rsqv(mut self, on: bool) -> Self {
         self.rsqv = Some(on);
+        self
+    }
+
+    /// This backend running a deferred norm's gate|up as one `__glurs` launch where it fits one
+    /// wave (`true`) or as `__rs` + the GLU kernel, whatever `FUCINA_GLURS` says (the
+    /// selftest's rows).
+    pub fn with_glurs(mut self, on: bool) -> Self {
+        self.glurs = Some(on);
         self
     }
 
@@ -184,6 +195,7 @@ impl CudaBackend {
             rsqv: None,
             rs_wide: None,
             qkv_prep: None,
+            glurs: None,
         })
     }
 
