@@ -150,7 +150,7 @@ impl CudaBackend {
         act: crate::backend::Activation,
     ) -> Result<Option<GpuTensor>> {
         let v = w.matrix()?;
-        let (k, ff) = (x.cols, v.rows / 2);
+        let k = x.cols;
         if x.rows != 1 {
             return Ok(None);
         }
@@ -158,13 +158,27 @@ impl CudaBackend {
             return Ok(None);
         };
         let mut own = None;
-        let (xq, xds) = self.row_side_car(x, &mut own)?;
+        let xs = self.row_side_car(x, &mut own)?;
+        self.glu_launch(&e, &v, xs, act, None).map(Some)
+    }
+
+    /// One `__glu` (rs None) or `__glurs` launch `e` of the fused gate|up `v` over a row's
+    /// int8 side-car `(xq, xds)`: h and its own side-car.
+    pub(super) fn glu_launch(
+        &self,
+        e: &super::super::launch_prefill::KernEntry,
+        v: &super::super::types::WeightView,
+        (xq, xds): Q8Ptrs,
+        act: crate::backend::Activation,
+        rs: Option<super::super::launch_res::RsArgs>,
+    ) -> Result<GpuTensor> {
+        let ff = v.rows / 2;
         let h = self.alloc_tensor(1, ff)?;
         let side = self
             .q8_side(1, ff)?
             .ok_or_else(|| shape(format!("no side-car for {ff} values")))?;
         self.dev.gemv_glu_ptr(
-            &e,
+            e,
             &super::super::GemvGluArgs {
                 w: v.data,
                 xq,
@@ -173,13 +187,13 @@ impl CudaBackend {
                 hq: side.q(),
                 hds: side.ds(),
                 ff,
-                k,
+                k: v.cols,
                 act,
-                rs: None,
+                rs,
             },
             self.sms,
         )?;
-        Ok(Some(h.with_q8(Some(side))))
+        Ok(h.with_q8(Some(side)))
     }
 
     /// The int8 side-car of the one-row `x`: the one its producer wrote, or quantised here into

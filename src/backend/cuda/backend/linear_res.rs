@@ -96,6 +96,19 @@ fn shape(detail: String) -> BackendError {
     }
 }
 
+/// Whether `__res` takes a one-row `x` against `v` with the residual `h` (outputs a multiple of
+/// 32, rows its GEMV takes).
+fn res_takes(x: &GpuTensor, h: &GpuTensor, v: &super::super::types::WeightView) -> bool {
+    let (k, n) = (x.cols, v.rows);
+    x.rows == 1
+        && h.rows == 1
+        && h.cols == n
+        && v.cols == k
+        && n != 0
+        && n % 32 == 0
+        && repacked_fits(v.quant, k)
+}
+
 /// Whether `q` is a repacked format whose rows of `k` its GEMV takes.
 fn repacked_fits(q: Quant, k: usize) -> bool {
     crate::quant::repack::source_of(q).is_some_and(|(_, s)| s.fits(k))
@@ -163,15 +176,8 @@ impl CudaBackend {
         next: &NormNext<'_, GpuWeight>,
     ) -> Result<Option<(GpuTensor, Vec<GpuTensor>)>> {
         let v = w.matrix()?;
-        let (k, n) = (x.cols, v.rows);
-        if x.rows != 1
-            || h.rows != 1
-            || h.cols != n
-            || v.cols != k
-            || n == 0
-            || n % 32 != 0
-            || !repacked_fits(v.quant, k)
-        {
+        let n = v.rows;
+        if !res_takes(x, h, &v) {
             return Ok(None);
         }
         // every consumer a repacked GEMV over the n values
@@ -344,14 +350,7 @@ impl CudaBackend {
     ) -> Result<Option<ResOut>> {
         let v = w.matrix()?;
         let (k, n) = (x.cols, v.rows);
-        if x.rows != 1
-            || h.rows != 1
-            || h.cols != n
-            || v.cols != k
-            || n == 0
-            || n % 32 != 0
-            || !repacked_fits(v.quant, k)
-        {
+        if !res_takes(x, h, &v) {
             return Ok(None);
         }
         let Ok(res) = self.kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "res") else {
@@ -437,28 +436,7 @@ impl CudaBackend {
             return Err(shape(format!("{} gate|up rows", gv.rows)));
         }
         if let Some(e) = self.glurs_entry(gv, z.len) {
-            let ff = gv.rows / 2;
-            let h = self.alloc_tensor(1, ff)?;
-            let side = self
-                .q8_side(1, ff)?
-                .ok_or_else(|| shape(format!("no side-car for {ff} values")))?;
-            self.dev.gemv_glu_ptr(
-                &e,
-                &super::super::GemvGluArgs {
-                    w: gv.data,
-                    xq: z.q(),
-                    xds: z.ds(),
-                    h: h.ptr(),
-                    hq: side.q(),
-                    hds: side.ds(),
-                    ff,
-                    k: z.len,
-                    act,
-                    rs: Some(rs),
-                },
-                self.sms,
-            )?;
-            return Ok(h.with_q8(Some(side)));
+            return self.glu_launch(&e, gv, (z.q(), z.ds()), act, Some(rs));
         }
         let y = self.alloc_tensor(1, gv.rows)?;
         self.dev.gemv_rs_ptr(
