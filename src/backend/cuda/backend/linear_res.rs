@@ -96,32 +96,9 @@ fn shape(detail: String) -> BackendError {
     }
 }
 
-/// Whether `__res` takes a one-row `x` against `v` with the residual `h` (outputs a multiple of
-/// 32, rows its GEMV takes).
-fn res_takes(x: &GpuTensor, h: &GpuTensor, v: &super::super::types::WeightView) -> bool {
-    let (k, n) = (x.cols, v.rows);
-    x.rows == 1
-        && h.rows == 1
-        && h.cols == n
-        && v.cols == k
-        && n != 0
-        && n % 32 == 0
-        && repacked_fits(v.quant, k)
-}
-
 /// Whether `q` is a repacked format whose rows of `k` its GEMV takes.
 fn repacked_fits(q: Quant, k: usize) -> bool {
     crate::quant::repack::source_of(q).is_some_and(|(_, s)| s.fits(k))
-}
-
-/// What a deferred norm's producer launch ([`CudaBackend::res_launch`]) hands its consumers:
-/// the sum s, z's int8 side-car and the partial sums (their buffer kept until the consumers
-/// are queued).
-struct ResOut {
-    s: GpuTensor,
-    z: super::super::types::Q8Side,
-    part: super::super::buf::DevBuf,
-    rs: RsArgs,
 }
 
 impl CudaBackend {
@@ -176,8 +153,15 @@ impl CudaBackend {
         next: &NormNext<'_, GpuWeight>,
     ) -> Result<Option<(GpuTensor, Vec<GpuTensor>)>> {
         let v = w.matrix()?;
-        let n = v.rows;
-        if !res_takes(x, h, &v) {
+        let (k, n) = (x.cols, v.rows);
+        if x.rows != 1
+            || h.rows != 1
+            || h.cols != n
+            || v.cols != k
+            || n == 0
+            || n % 32 != 0
+            || !repacked_fits(v.quant, k)
+        {
             return Ok(None);
         }
         // every consumer a repacked GEMV over the n values
@@ -194,6 +178,10 @@ impl CudaBackend {
             }
             views.push(cv);
         }
+        let Ok(res) = self.kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "res") else {
+            return Ok(None);
+        };
+        let warps = res_warps(res.kern.spec);
         let mut rs_entries = Vec::with_capacity(views.len());
         for cv in &views {
             let Ok(k) = self.kern(Op::Gemv, cv.quant, BatchBucket::B1) else {
@@ -210,15 +198,34 @@ impl CudaBackend {
             };
             rs_entries.push(e);
         }
-        let Some(ResOut {
-            s,
-            z,
-            part: _part,
-            rs,
-        }) = self.res_launch(x, w, h, norm, eps)?
-        else {
-            return Ok(None);
-        };
+        let norm = super::fused::norm_ptr("linear_add_rms_norm_then", norm, n)?;
+
+        let mut own = None;
+        let (xq, xds) = self.row_side_car(x, &mut own)?;
+        let s = self.alloc_tensor(1, n)?;
+        let z = self
+            .q8_side(1, n)?
+            .ok_or_else(|| shape(format!("no side-car for {n} values")))?;
+        let part_buf = self.pool.alloc(n / 32 * 4)?;
+        let part = slice(part_buf.f32(), n / 32)?;
+        self.dev.gemv_res_ptr(
+            &res,
+            &GemvResArgs {
+                w: v.data,
+                xq,
+                xds,
+                hres: h.ptr(),
+                s: s.ptr(),
+                norm,
+                zq: z.q(),
+                zds: z.ds(),
+                part,
+                n,
+                k,
+            },
+            warps,
+        )?;
+        let rs = RsArgs { part, eps };
 
         let outs = match next {
             NormNext::Glu(_, act) => {
@@ -334,61 +341,6 @@ impl CudaBackend {
             .map(|w| Ok(w.matrix()?))
             .collect::<Result<Vec<_>>>()?;
         Ok(self.rsqv_entry(&views).is_some())
-    }
-
-    /// The producer of a deferred norm: `s = h + x w^T` through the `__res` entry, with the
-    /// int8 side-car of s times the norm weight (`z`) and the partial sums of s^2 (`rs`). None
-    /// where the entry does not take the inputs (nothing launched). The caller checks its
-    /// consumers first.
-    fn res_launch(
-        &self,
-        x: &GpuTensor,
-        w: &GpuWeight,
-        h: &GpuTensor,
-        norm: &Norm<'_, GpuTensor>,
-        eps: f32,
-    ) -> Result<Option<ResOut>> {
-        let v = w.matrix()?;
-        let (k, n) = (x.cols, v.rows);
-        if !res_takes(x, h, &v) {
-            return Ok(None);
-        }
-        let Ok(res) = self.kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "res") else {
-            return Ok(None);
-        };
-        let warps = res_warps(res.kern.spec);
-        let norm = super::fused::norm_ptr("linear_add_rms_norm_then", norm, n)?;
-        let mut own = None;
-        let (xq, xds) = self.row_side_car(x, &mut own)?;
-        let s = self.alloc_tensor(1, n)?;
-        let z = self
-            .q8_side(1, n)?
-            .ok_or_else(|| shape(format!("no side-car for {n} values")))?;
-        let part_buf = self.pool.alloc(n / 32 * 4)?;
-        let part = slice(part_buf.f32(), n / 32)?;
-        self.dev.gemv_res_ptr(
-            &res,
-            &GemvResArgs {
-                w: v.data,
-                xq,
-                xds,
-                hres: h.ptr(),
-                s: s.ptr(),
-                norm,
-                zq: z.q(),
-                zds: z.ds(),
-                part,
-                n,
-                k,
-            },
-            warps,
-        )?;
-        Ok(Some(ResOut {
-            s,
-            z,
-            part: part_buf,
-            rs: RsArgs { part, eps },
-        }))
     }
 
     /// The `__glurs` entry for a deferred norm's gate|up `gv` over rows of `k`, where it runs
