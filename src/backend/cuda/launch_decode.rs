@@ -130,6 +130,18 @@ pub fn decode_key_has_mma(key: &KernelKey) -> bool {
     key.op == Op::AttnDecode && dim_ok && key.arch.sm() >= 89
 }
 
+/// Whether an instance has `__mmaw` (ops/attn_decode renders it beside `__mma` at head dim 128):
+/// `__mma` whose split merge loads 48 partials at a time, which the tensor-core entry runs for
+/// blocks of at most [`MMAW_MAX_HEADS`] query heads.
+pub fn decode_key_has_mmaw(key: &KernelKey) -> bool {
+    decode_key_has_mma(key) && key.head_dim.value() == Some(128)
+}
+
+/// Most query heads of a block that runs `__mmaw` (128 threads: at its 253 registers two blocks
+/// share an SM; a 256-thread block takes the whole register file, and Qwen3-30B-A3B's group of 8
+/// ran depth 0 0.9% slower so, H200, session 33).
+pub const MMAW_MAX_HEADS: usize = 4;
+
 /// Whether an instance has the whole-group entries `__gqa` and `__gqa_merge` (ops/attn_decode
 /// renders them on sm_89+ for head dims 256 and 512, FP8 and F16 caches).
 pub fn decode_key_has_gqa(key: &KernelKey) -> bool {
@@ -366,6 +378,9 @@ impl CudaDevice {
             DecodeEntry::Mma if prep.is_some() => {
                 self.function_suffixed_smem(spec, "mma_prep", MMA_PARTIALS_MAX)?
             }
+            DecodeEntry::Mma if g <= MMAW_MAX_HEADS && decode_key_has_mmaw(&spec.key) => {
+                self.function_suffixed_smem(spec, "mmaw", MMA_PARTIALS_MAX)?
+            }
             DecodeEntry::Mma => self.function_suffixed_smem(spec, "mma", MMA_PARTIALS_MAX)?,
             DecodeEntry::Gqa => self.function_suffixed_smem(spec, "gqa", 0)?,
             _ => self.function(spec)?,
@@ -522,8 +537,8 @@ impl CudaDevice {
 #[cfg(test)]
 mod tests {
     use super::{
-        decode_key_has_gqa, decode_key_has_mma, gqa_fused_merge_fits, GQA_FUSED_MERGE_MAX_DIMS,
-        GQA_FUSED_MERGE_MAX_SPLITS,
+        decode_key_has_gqa, decode_key_has_mma, decode_key_has_mmaw, gqa_fused_merge_fits,
+        GQA_FUSED_MERGE_MAX_DIMS, GQA_FUSED_MERGE_MAX_SPLITS,
     };
     use crate::kernels::{Op, KERNELS};
 
@@ -546,6 +561,13 @@ mod tests {
     fn mma_rule_matches_the_rendered_entries() {
         let with = rendered_entries("mma", decode_key_has_mma);
         assert!(with >= 6, "{with} instances with a tensor-core entry");
+    }
+
+    /// The wide-merge entry `__mmaw`: head dim 128 (FP8 and F16) on sm_90a and sm_121a.
+    #[test]
+    fn mmaw_rule_matches_the_rendered_entries() {
+        let with = rendered_entries("mmaw", decode_key_has_mmaw);
+        assert!(with >= 4, "{with} instances with a wide-merge entry");
     }
 
     /// The whole-group entry `__gqa`: head dims 256 and 512, FP8 and F16 caches, on sm_90a and

@@ -2,7 +2,8 @@
 //! dequantised cache at head dims 16..512: GQA groups 1..16, pages handed out in shuffled order,
 //! several sequences of different lengths in one launch (1, 255, 256, 257: one tile, one chunk
 //! and the merge of 2 and 3 chunks), 4097 and 4100 keys (33 live chunks: the fused merge walks
-//! more splits than a warp has lanes), sliding windows, softcap, grids much larger than the live
+//! more splits than a warp has lanes), 6500 keys at head dim 128 (51 live chunks: `__mmaw`'s merge
+//! takes a second batch), sliding windows, softcap, grids much larger than the live
 //! chunks (blocks past them exit), groups split over several blocks per KV head (as the backend
 //! picks: Gemma 4's 16 x 512 over 1 KV head -> 8; forced 4 at head dim 16), and at head dim 512
 //! the whole-group entry (one block per KV head and split), with its partials merged both ways:
@@ -77,6 +78,8 @@ fn cases(d: usize) -> Vec<Case> {
             c(32, 2, &[600, 3], 0, 0.0, 8),
             // Qwen3-MoE's group of 8, with a window and a softcap (both entries)
             c(32, 4, &[700, 50], 300, 30.0, 4),
+            // 51 live chunks of 128 keys: `__mmaw`'s merge takes a second batch past its 48
+            c(4, 1, &[6500], 0, 0.0, 64),
         ],
         256 => vec![
             c(16, 8, &[1500, 700], 1024, 50.0, 6),
