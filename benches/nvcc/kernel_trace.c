@@ -18,6 +18,10 @@
 #define BUF_BYTES (16u << 20)
 
 static FILE *out;
+// KERNEL_TRACE_API_OUT=PATH: also every driver API call of at least KERNEL_TRACE_API_MIN_NS
+// (default 20000) as `start_ns,end_ns,name` (which call stalls the host between two steps).
+static FILE *api_out;
+static unsigned long long api_min_ns = 20000;
 static unsigned long long seen, skip;
 
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
@@ -33,6 +37,16 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
     (void)size;
     CUpti_Activity *r = NULL;
     while (cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS) {
+        if (r->kind == CUPTI_ACTIVITY_KIND_DRIVER && api_out) {
+            const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)r;
+            if (a->end - a->start >= api_min_ns) {
+                const char *name = NULL;
+                cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, a->cbid, &name);
+                fprintf(api_out, "%llu,%llu,%s\n", (unsigned long long)a->start,
+                        (unsigned long long)a->end, name ? name : "?");
+            }
+            continue;
+        }
         if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL)
             continue;
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)r;
@@ -49,6 +63,8 @@ static void flush_at_exit(void) {
     cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     if (out) fclose(out);
     out = NULL;
+    if (api_out) fclose(api_out);
+    api_out = NULL;
 }
 
 // Called by the CUDA driver when CUDA_INJECTION64_PATH names this library.
@@ -60,6 +76,12 @@ int InitializeInjection(void) {
     if (!out) return 0;
     if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS) return 0;
     if (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) return 0;
+    const char *api = getenv("KERNEL_TRACE_API_OUT");
+    if (api && (api_out = fopen(api, "w"))) {
+        const char *m = getenv("KERNEL_TRACE_API_MIN_NS");
+        if (m) api_min_ns = strtoull(m, NULL, 10);
+        if (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER) != CUPTI_SUCCESS) return 0;
+    }
     atexit(flush_at_exit);
     return 1;
 }

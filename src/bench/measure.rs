@@ -25,6 +25,58 @@ fn pause_before_decode() {
     }
 }
 
+/// `FUCINA_BENCH_STEP_TIMES=1` (a measurement aid): the host time of every timed decode step,
+/// summarised as quantiles and the slowest steps, to tell a steady per-step cost from a few slow
+/// steps.
+struct StepTimes {
+    ends: Option<Vec<Instant>>,
+}
+
+impl StepTimes {
+    fn from_env(n: usize) -> Self {
+        let on = std::env::var("FUCINA_BENCH_STEP_TIMES").is_ok_and(|v| v != "0");
+        StepTimes {
+            ends: on.then(|| Vec::with_capacity(n)),
+        }
+    }
+
+    fn mark(&mut self) {
+        if let Some(e) = &mut self.ends {
+            e.push(Instant::now());
+        }
+    }
+
+    fn summary(&self, t0: Instant) -> Option<String> {
+        let ends = self.ends.as_ref().filter(|e| !e.is_empty())?;
+        let mut prev = t0;
+        let mut us: Vec<(f64, usize)> = Vec::with_capacity(ends.len());
+        for (i, &e) in ends.iter().enumerate() {
+            us.push(((e - prev).as_secs_f64() * 1e6, i));
+            prev = e;
+        }
+        let mut sorted: Vec<f64> = us.iter().map(|u| u.0).collect();
+        sorted.sort_by(f64::total_cmp);
+        let q = |f: f64| sorted[((sorted.len() - 1) as f64 * f).round() as usize];
+        let med = q(0.5);
+        let excess: f64 = sorted.iter().map(|u| (u - med).max(0.0)).sum();
+        let mut slow = us.clone();
+        slow.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let worst: Vec<String> = slow
+            .iter()
+            .take(5)
+            .map(|(u, i)| format!("#{i} {u:.1}"))
+            .collect();
+        Some(format!(
+            "step us min {:.1} p10 {:.1} median {med:.1} p90 {:.1} max {:.1}; above the median {excess:.0} us in all; slowest {}",
+            sorted[0],
+            q(0.1),
+            q(0.9),
+            sorted[sorted.len() - 1],
+            worst.join(", ")
+        ))
+    }
+}
+
 /// Device facts the generic runner cannot get through `Backend`.
 pub trait Probe {
     /// Read bandwidth in GB/s, measured over at least `bytes` bytes.
@@ -222,11 +274,16 @@ pub fn run<B: Backend>(
         for _ in 0..2 {
             t = s.forward_sample(&[t], sampler.as_mut(), &[])?;
         }
+        let mut steps = StepTimes::from_env(plan.decode_tokens);
         let t0 = Instant::now();
         for _ in 0..plan.decode_tokens {
             t = s.forward_sample(&[t], sampler.as_mut(), &[])?;
+            steps.mark();
         }
         let sec = t0.elapsed().as_secs_f64();
+        if let Some(line) = steps.summary(t0) {
+            log(&format!("decode at depth {d}: {line}"));
+        }
         let tok_s = plan.decode_tokens as f64 / sec;
         let mid = d + plan.decode_tokens / 2;
         let rl = roofline(db.per_token(mid, probe.kv_elem_bytes()), bw, tok_s);

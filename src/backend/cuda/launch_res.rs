@@ -75,6 +75,41 @@ pub fn res_warps(spec: &KernelSpec) -> u32 {
         .unwrap_or(res_max_warps(spec))
 }
 
+/// Warp tasks of a `__res` block of `spec` over rows of `k` in `res_body`'s task form (at most
+/// 2 rows a warp step): its 32 / R row steps times the row's load batches (at most 16). None
+/// for 4 rows a step, whose extra warps split k instead.
+pub fn res_tasks(spec: &KernelSpec, k: usize) -> Option<u32> {
+    let r = spec.param_u32("rows").unwrap_or(1).max(1);
+    if r > 2 {
+        return None;
+    }
+    let unroll = spec.param_u32("unroll").unwrap_or(1).max(1) as usize;
+    // rows_dot's load units per row: 32-value blocks (q4_0r, q8_0r), 16-byte words (q4_kr:
+    // 8 per 256 values), 64-value units (q6_kr: 4 per 256)
+    let units = match spec.key.quant {
+        Quant::Q4_0R | Quant::Q8_0R => k / 32,
+        Quant::Q4KR => k / 256 * 8,
+        _ => k / 256 * 4,
+    };
+    let batches = units.div_ceil(32 * unroll).clamp(1, 16) as u32;
+    Some(32 / r * batches)
+}
+
+/// Warps of a `__res` launch of `spec` over rows of `k`: [`res_warps`], but no more than the
+/// block has tasks ([`res_tasks`]). A warp without a task would still hold its registers, and
+/// 24 warps of q4_0r's take nearly all of an SM's, so the block could only start on an empty
+/// SM (Qwen3-8B's o projection: 16 tasks). `FUCINA_RES_TASK_WARPS=0` launches [`res_warps`]
+/// whatever the tasks (for A/B runs).
+pub fn res_launch_warps(spec: &KernelSpec, k: usize) -> u32 {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("FUCINA_RES_TASK_WARPS").as_deref() != Ok("0"));
+    let w = res_warps(spec);
+    match res_tasks(spec, k) {
+        Some(t) if on => w.min(t),
+        _ => w,
+    }
+}
+
 /// Blocks of a q4_kr `__rsqv` / `__rsqvw` launch (`spec`: the q4_kr instance) over `n6` Q6_K
 /// rows then `n` Q4_K rows, R-row steps of 4 warps each.
 pub fn rsqv_blocks(spec: &KernelSpec, n6: usize, n: usize) -> usize {
@@ -349,6 +384,24 @@ mod tests {
 
     /// `__res` blocks: 24 warps at 2 rows a warp step (q4_0r / q8_0r, whose `__res` is compiled
     /// for 768 threads), 16 at 4 (q4_kr / q6_kr, 512); the default is the most.
+    /// Qwen3-8B's shapes: the o projection (k 4096) has 16 tasks at q4_0r (one load batch of
+    /// 128 blocks a row), the down projection (k 12288) 48; q8_0r's batches are half as long.
+    #[test]
+    fn res_tasks_count_steps_times_batches() {
+        assert_eq!(res_tasks(bs1(Quant::Q4_0R), 4096), Some(16));
+        assert_eq!(res_tasks(bs1(Quant::Q4_0R), 12288), Some(48));
+        assert_eq!(res_tasks(bs1(Quant::Q8_0R), 4096), Some(32));
+        assert_eq!(res_tasks(bs1(Quant::Q4KR), 4096), None);
+        if std::env::var("FUCINA_RES_TASK_WARPS").is_err()
+            && std::env::var("FUCINA_RES_WARPS").is_err()
+        {
+            assert_eq!(res_launch_warps(bs1(Quant::Q4_0R), 4096), 16);
+            assert_eq!(res_launch_warps(bs1(Quant::Q4_0R), 12288), 24);
+            assert_eq!(res_launch_warps(bs1(Quant::Q8_0R), 4096), 24);
+            assert_eq!(res_launch_warps(bs1(Quant::Q4KR), 4096), 16);
+        }
+    }
+
     #[test]
     fn res_warps_follow_the_rows() {
         for (q, w) in [

@@ -4,6 +4,8 @@
 //! copy sits on the stream between two steps; `start` (a stream-ordered copy) serves callers
 //! that did not pass the mirror to the kernel.
 
+use std::sync::{Arc, Mutex};
+
 use cudarc::driver::{sys, CudaStream};
 
 use super::buf::DevPtr;
@@ -134,6 +136,69 @@ impl Drop for TokenReadback {
             }
             let _ = sys::cuEventDestroy_v2(self.event);
             let _ = sys::cuMemFreeHost(self.host.cast());
+        }
+    }
+}
+
+/// Readbacks of finished samplers, kept for the next ones: `cuMemHostAlloc` and `cuMemFreeHost`
+/// take about a millisecond and stall the stream, and a server makes a sampler per request (on
+/// the H200 the first pipelined step of each sampler ran ~1.2 ms long, session 34).
+#[derive(Debug, Default)]
+pub struct ReadbackPool {
+    free: Mutex<Vec<TokenReadback>>,
+}
+
+/// Readbacks a [`ReadbackPool`] keeps; more are freed (one per sampler alive at once).
+const POOL_KEEP: usize = 16;
+
+impl ReadbackPool {
+    /// A readback from the pool, or a new one (the caller has bound the context).
+    pub fn take(self: &Arc<Self>) -> Result<PooledReadback, CudaError> {
+        let held = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let rb = match held {
+            Some(rb) => rb,
+            None => TokenReadback::new()?,
+        };
+        Ok(PooledReadback {
+            rb: Some(rb),
+            home: Arc::clone(self),
+        })
+    }
+}
+
+/// A [`TokenReadback`] on loan from a [`ReadbackPool`]: back to it when dropped (a queued read
+/// waited for first).
+#[derive(Debug)]
+pub struct PooledReadback {
+    rb: Option<TokenReadback>,
+    home: Arc<ReadbackPool>,
+}
+
+impl std::ops::Deref for PooledReadback {
+    type Target = TokenReadback;
+    fn deref(&self) -> &TokenReadback {
+        self.rb.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for PooledReadback {
+    fn deref_mut(&mut self) -> &mut TokenReadback {
+        self.rb.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for PooledReadback {
+    fn drop(&mut self) {
+        let Some(mut rb) = self.rb.take() else {
+            return;
+        };
+        if rb.pending && rb.finish().is_err() {
+            // a failed wait: the word may still be written; let TokenReadback's Drop free it
+            return;
+        }
+        let mut free = self.home.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.len() < POOL_KEEP {
+            free.push(rb);
         }
     }
 }

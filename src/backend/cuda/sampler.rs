@@ -17,7 +17,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use super::backend::CudaBackend;
 use super::buf::{bind, read_ptr, DevBuf, DevPtr};
 use super::error::{drv, CudaError};
-use super::readback::TokenReadback;
+use super::readback::PooledReadback;
 use super::types::GpuTensor;
 use super::CudaDevice;
 use crate::backend::BackendError;
@@ -60,8 +60,9 @@ pub struct CudaSamplerState {
     /// Banned ids (i32 x MAX_BANNED) and the set last uploaded.
     banned: DevBuf,
     banned_now: Vec<u32>,
-    /// The background read of `out` (`sample_begin`), made on first use.
-    readback: Option<TokenReadback>,
+    /// The background read of `out` (`sample_begin`), from the backend's pool: taken when the
+    /// sampler is made (pipelined decode on) or on first use.
+    readback: Option<PooledReadback>,
     /// The position of the one-token step the last `sample_begin` fed its id to (the kernel
     /// wrote id and position into the step buffer), if it did.
     fed: Option<usize>,
@@ -74,7 +75,7 @@ pub struct SampleHandover {
     /// row only).
     pub feed: Option<(DevPtr<i32>, i32)>,
     /// One i32 per row of page-locked host memory mapped into the device
-    /// ([`TokenReadback::device_word`]).
+    /// ([`super::TokenReadback::device_word`]).
     pub mirror: Option<DevPtr<i32>>,
 }
 
@@ -155,7 +156,12 @@ impl CudaBackend {
                 counts,
                 banned: self.pool.alloc_recycled(MAX_BANNED * 4)?,
                 banned_now: Vec::new(),
-                readback: None,
+                readback: if pipeline_enabled() {
+                    bind(self.dev.stream())?;
+                    Some(self.readbacks.take()?)
+                } else {
+                    None
+                },
                 fed: None,
             })
         };
@@ -212,13 +218,13 @@ impl CudaBackend {
         }
         bind(self.dev.stream()).map_err(be_err)?;
         if st.readback.is_none() {
-            st.readback = Some(TokenReadback::new().map_err(be_err)?);
+            st.readback = Some(self.readbacks.take().map_err(be_err)?);
         }
         let mirror = st
             .readback
             .as_ref()
             .filter(|_| super::backend::handover_enabled())
-            .map(TokenReadback::device_word);
+            .map(|r| r.device_word());
         self.enqueue_sample(logits, st, banned, SampleHandover { feed, mirror })?;
         st.fed = feed.and(next_pos);
         let out = st.out.ptr::<i32>();

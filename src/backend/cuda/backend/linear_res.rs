@@ -18,7 +18,9 @@
 //! the consumers).
 
 use super::super::launch_linear::gemv_default_grid;
-use super::super::launch_res::{res_warps, rs_suffix, rsqv_blocks, GemvResArgs, RsArgs, RsPart};
+use super::super::launch_res::{
+    res_launch_warps, rs_suffix, rsqv_blocks, GemvResArgs, RsArgs, RsPart,
+};
 use super::super::types::{GpuTensor, GpuWeight};
 use super::linear::slice;
 use super::CudaBackend;
@@ -181,7 +183,7 @@ impl CudaBackend {
         let Ok(res) = self.kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "res") else {
             return Ok(None);
         };
-        let warps = res_warps(res.kern.spec);
+        let warps = res_launch_warps(res.kern.spec, k);
         let mut rs_entries = Vec::with_capacity(views.len());
         for cv in &views {
             let Ok(k) = self.kern(Op::Gemv, cv.quant, BatchBucket::B1) else {

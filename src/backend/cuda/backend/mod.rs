@@ -92,6 +92,8 @@ pub struct CudaBackend {
     /// Whether a deferred norm's gate|up runs as one `__glurs` launch (`glurs_entry`): None
     /// follows `FUCINA_GLURS` (on unless 0).
     glurs: Option<bool>,
+    /// Page-locked id readbacks of finished samplers, for the next ones.
+    pub(crate) readbacks: Arc<super::readback::ReadbackPool>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -196,6 +198,7 @@ impl CudaBackend {
             rs_wide: None,
             qkv_prep: None,
             glurs: None,
+            readbacks: Arc::default(),
         })
     }
 
