@@ -50,6 +50,10 @@ impl Probe for CudaProbe {
     fn kv_elem_bytes(&self) -> f64 {
         self.kv_type.bytes() as f64
     }
+
+    fn idle(&self) -> Result<()> {
+        Ok(self.dev.synchronize()?)
+    }
 }
 
 /// Run the bench on CUDA device `ordinal`: the only place that names the CUDA backend.

@@ -85,6 +85,13 @@ pub trait Probe {
     fn memory(&self) -> Option<(u64, u64, u64)>;
     /// Bytes per cached K or V element.
     fn kv_elem_bytes(&self) -> f64;
+    /// Wait until the device has run everything queued, so that a measurement starts from an
+    /// idle device: a session that decoded pipelined leaves its next step queued when it ends
+    /// (the warm-up's ran into the 512-token prefill once dropping a sampler stopped
+    /// synchronising the device: session 34).
+    fn idle(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What to measure.
@@ -243,6 +250,7 @@ pub fn run<B: Backend>(
     }
     let mut pre = Vec::new();
     for &n in &plan.prompt_lens {
+        probe.idle()?;
         let mut s = model.clone().new_session();
         let toks = ids(n, info.vocab_size, &mut rng);
         let (sec, ttft) = prefill(&mut s, &toks)?;
@@ -256,6 +264,7 @@ pub fn run<B: Backend>(
     }
     let mut dec = Vec::new();
     for &d in &plan.depths {
+        probe.idle()?;
         pause_before_decode();
         let mut s = model.clone().new_session();
         let mut t = if d > 0 {

@@ -343,6 +343,51 @@ fn bench_runs_end_to_end_on_the_cpu() {
     assert_eq!(j["prefill"][1]["tokens"], 24);
 }
 
+/// Counts `Probe::idle` calls, otherwise the CPU's probe.
+struct IdleCounter(std::cell::Cell<usize>);
+
+impl measure::Probe for IdleCounter {
+    fn read_bandwidth(&self, bytes: usize) -> anyhow::Result<f64> {
+        measure::Probe::read_bandwidth(&CpuProbe, bytes)
+    }
+    fn memory(&self) -> Option<(u64, u64, u64)> {
+        None
+    }
+    fn kv_elem_bytes(&self) -> f64 {
+        4.0
+    }
+    fn idle(&self) -> anyhow::Result<()> {
+        self.0.set(self.0.get() + 1);
+        Ok(())
+    }
+}
+
+/// Every prefill and every decode measurement starts from an idle device (a pipelined session
+/// leaves its next step queued when it ends).
+#[test]
+fn bench_waits_for_an_idle_device_before_each_measurement() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_tiny(dir.path(), "tiny-qwen3", FileQuant::Q8_0);
+    let plan = Plan {
+        prompt_lens: vec![8, 16],
+        decode_tokens: 2,
+        depths: vec![0, 10, 12],
+        bw_bytes: 1 << 20,
+        seed: 3,
+    };
+    let probe = IdleCounter(std::cell::Cell::new(0));
+    let r = measure::run(
+        &path,
+        Arc::new(CpuBackend::new()),
+        &probe,
+        &plan,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!((r.prefill.len(), r.decode.len()), (2, 3));
+    assert_eq!(probe.0.get(), 5);
+}
+
 #[test]
 fn cli_parses_bench_and_refuses_bad_input() {
     use crate::cli::args::{Cli, Command, Device};

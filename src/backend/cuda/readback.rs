@@ -140,9 +140,9 @@ impl Drop for TokenReadback {
     }
 }
 
-/// Readbacks of finished samplers, kept for the next ones: `cuMemHostAlloc` and `cuMemFreeHost`
-/// take about a millisecond and stall the stream, and a server makes a sampler per request (on
-/// the H200 the first pipelined step of each sampler ran ~1.2 ms long, session 34).
+/// Readbacks of finished samplers, kept for the next ones: a server makes a sampler per request,
+/// and `cuMemHostAlloc` / `cuMemFreeHost` are slow driver calls that may wait for the device
+/// (made at a sampler's first pipelined step, they sat between two queued decode steps).
 #[derive(Debug, Default)]
 pub struct ReadbackPool {
     free: Mutex<Vec<TokenReadback>>,
