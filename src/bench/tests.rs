@@ -310,25 +310,29 @@ fn donor_tokenizer_is_copied_and_padded() {
     assert!(kv.iter().all(|(k, _)| k.starts_with("tokenizer.")));
 }
 
+/// `measure::run` of `path` on the CPU backend: (prompt lengths, decode tokens, depths).
+fn run_cpu(
+    path: &std::path::Path,
+    probe: &dyn measure::Probe,
+    (prompt_lens, decode_tokens, depths): (Vec<usize>, usize, Vec<usize>),
+    bw_bytes: usize,
+    seed: u64,
+) -> measure::Report {
+    let plan = Plan {
+        prompt_lens,
+        decode_tokens,
+        depths,
+        bw_bytes,
+        seed,
+    };
+    measure::run(path, Arc::new(CpuBackend::new()), probe, &plan, &mut |_| {}).unwrap()
+}
+
 #[test]
 fn bench_runs_end_to_end_on_the_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_tiny(dir.path(), "tiny-gemma4", FileQuant::Q4_0);
-    let plan = Plan {
-        prompt_lens: vec![8, 24],
-        decode_tokens: 4,
-        depths: vec![0, 20],
-        bw_bytes: 8 << 20,
-        seed: 1,
-    };
-    let r = measure::run(
-        &path,
-        Arc::new(CpuBackend::new()),
-        &CpuProbe,
-        &plan,
-        &mut |_| {},
-    )
-    .unwrap();
+    let r = run_cpu(&path, &CpuProbe, (vec![8, 24], 4, vec![0, 20]), 8 << 20, 1);
     assert_eq!(r.prefill.len(), 2);
     assert_eq!(r.decode.len(), 2);
     assert!(r.bandwidth_gbs > 0.0);
@@ -368,22 +372,8 @@ impl measure::Probe for IdleCounter {
 fn bench_waits_for_an_idle_device_before_each_measurement() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_tiny(dir.path(), "tiny-qwen3", FileQuant::Q8_0);
-    let plan = Plan {
-        prompt_lens: vec![8, 16],
-        decode_tokens: 2,
-        depths: vec![0, 10, 12],
-        bw_bytes: 1 << 20,
-        seed: 3,
-    };
     let probe = IdleCounter(std::cell::Cell::new(0));
-    let r = measure::run(
-        &path,
-        Arc::new(CpuBackend::new()),
-        &probe,
-        &plan,
-        &mut |_| {},
-    )
-    .unwrap();
+    let r = run_cpu(&path, &probe, (vec![8, 16], 2, vec![0, 10, 12]), 1 << 20, 3);
     assert_eq!((r.prefill.len(), r.decode.len()), (2, 3));
     assert_eq!(probe.0.get(), 5);
 }
