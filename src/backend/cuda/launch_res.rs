@@ -382,8 +382,6 @@ mod tests {
         }
     }
 
-    /// `__res` blocks: 24 warps at 2 rows a warp step (q4_0r / q8_0r, whose `__res` is compiled
-    /// for 768 threads), 16 at 4 (q4_kr / q6_kr, 512); the default is the most.
     /// Qwen3-8B's shapes: the o projection (k 4096) has 16 tasks at q4_0r (one load batch of
     /// 128 blocks a row), the down projection (k 12288) 48; q8_0r's batches are half as long.
     #[test]
@@ -402,6 +400,8 @@ mod tests {
         }
     }
 
+    /// `__res` blocks: 24 warps at 2 rows a warp step (q4_0r / q8_0r, whose `__res` is compiled
+    /// for 768 threads), 16 at 4 (q4_kr / q6_kr, 512); the default is the most.
     #[test]
     fn res_warps_follow_the_rows() {
         for (q, w) in [
