@@ -116,7 +116,7 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             any_bs(key)
         }
         Op::GemmF32 => {
-            quant_in(key, &[Quant::F32, Quant::F16])?;
+            quant_in(key, &[Quant::F32, Quant::F16, Quant::Bf16])?;
             any_hd(key)?;
             any_bs(key)
         }

@@ -10,10 +10,13 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod diff;
 pub mod error;
+pub mod kv_type;
 #[cfg(test)]
 mod tests_fused;
 pub use error::BackendError;
+pub use kv_type::KvType;
 
 use crate::engine::SamplingParams;
 use crate::ops::{RopeLayout, RopeSpec};
@@ -263,6 +266,16 @@ impl std::fmt::Debug for RecordedStep {
     }
 }
 
+/// What a model may need beyond the ops every backend runs; a backend without it says so at
+/// load time ([`Backend::lacks`]), before any weight is uploaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Qwen3.5 / 3.6 Gated DeltaNet layers (conv1d, gates, the delta rule).
+    GatedDeltaNet,
+    /// NVFP4 weights (ModelOpt, compressed-tensors).
+    Nvfp4Weights,
+}
+
 /// A backend: storage for tensors and weights, and the ops the models need.
 pub trait Backend: Send + Sync + 'static {
     /// An activation tensor `[rows, cols]` (f32 semantics).
@@ -276,6 +289,12 @@ pub trait Backend: Send + Sync + 'static {
     type SamplerState: Send + 'static;
 
     fn name(&self) -> &'static str;
+
+    /// Why this backend cannot run what `need` names (None: it can, the default). Asked by the
+    /// model loader before anything is uploaded.
+    fn lacks(&self, _need: Need) -> Option<String> {
+        None
+    }
 
     /// Called by a model at the start of every forward pass with its tokens and the position of
     /// the first. A GPU backend uploads them once here so that `embed`, `rope`, `kv_write` and

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::KvType;
 use measure::{Plan, Report};
 
 /// Arguments of `fucina bench`.
@@ -52,9 +51,9 @@ pub struct BenchArgs {
     pub device: crate::cli::args::Device,
     #[arg(long = "cuda-device", default_value_t = 0)]
     pub cuda_device: usize,
-    /// KV cache type on CUDA: fp8 or f16.
-    #[arg(long = "kv-type", default_value = "fp8")]
-    pub kv_type: String,
+    /// KV cache type on CUDA: f16 (the engine's default) or fp8.
+    #[arg(long = "kv-type", default_value = "f16")]
+    pub kv_type: crate::backend::KvType,
     /// Prompt lengths to prefill.
     #[arg(
         long = "prompt-lens",
@@ -167,11 +166,7 @@ pub fn run(a: &BenchArgs) -> Result<Option<Report>> {
             &mut log,
         )?,
         Device::Cuda => {
-            let kv = match a.kv_type.as_str() {
-                "fp8" | "fp8_e4m3" => KvType::Fp8E4m3,
-                "f16" => KvType::F16,
-                other => bail!("--kv-type {other}: expected fp8 or f16"),
-            };
+            let kv = a.kv_type;
             if !crate::backend::cuda::cuda_available() {
                 bail!("--device cuda: no CUDA driver or GPU found");
             }

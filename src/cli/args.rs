@@ -45,9 +45,10 @@ pub struct RunArgs {
     /// Backend to run on: auto (CUDA when available, else CPU), cpu or cuda.
     #[arg(long, value_enum, default_value = "auto", env = "FUCINA_DEVICE")]
     pub device: Device,
-    /// KV cache element type on the GPU: fp8 (E4M3) or f16.
-    #[arg(long = "kv-type", default_value = "fp8", env = "FUCINA_KV_TYPE")]
-    pub kv_type: crate::backend::cuda::KvType,
+    /// KV cache element type on the GPU: f16, or fp8 (E4M3 with a scale per position and KV
+    /// head: half the memory, log-probs further from the model's; docs/gpu-backend.md).
+    #[arg(long = "kv-type", default_value = "f16", env = "FUCINA_KV_TYPE")]
+    pub kv_type: crate::backend::KvType,
     /// Context size in tokens (clamped to the model's maximum).
     #[arg(long, default_value_t = 262144, env = "FUCINA_CTX")]
     pub ctx: usize,

@@ -137,15 +137,36 @@ fn load_on_device(
     ckpt: &Checkpoint,
     sel: Selected<CudaChoice>,
 ) -> Result<Arc<dyn CausalLm>> {
+    let cpu = || {
+        let opts = LoadOptions {
+            max_context: a.ctx,
+            ..Default::default()
+        };
+        load_model_on(ckpt, Arc::new(CpuBackend::new()), &opts)
+    };
     match sel {
-        Selected::Cpu => {
-            let opts = LoadOptions {
-                max_context: a.ctx,
-                ..Default::default()
-            };
-            load_model_on(ckpt, Arc::new(CpuBackend::new()), &opts)
-        }
-        Selected::Cuda(be) => load_cuda(a, ckpt, be),
+        Selected::Cpu => cpu(),
+        Selected::Cuda(be) => match load_cuda(a, ckpt, be) {
+            Err(e) => match (unsupported(&e), a.device) {
+                (Some(what), Device::Auto) => {
+                    tracing::info!("--device auto: {what}; running on the CPU backend");
+                    cpu()
+                }
+                (Some(what), _) => bail!("--device cuda: {what} (--device cpu runs it)"),
+                (None, _) => Err(e),
+            },
+            ok => ok,
+        },
+    }
+}
+
+/// What a backend said it lacks, when `e` is a load refused for that reason.
+fn unsupported(e: &anyhow::Error) -> Option<String> {
+    match e.downcast_ref::<crate::model::ModelError>() {
+        Some(crate::model::ModelError::Unsupported { backend, what }) => Some(format!(
+            "the {backend} backend cannot run this model: {what}"
+        )),
+        _ => None,
     }
 }
 
@@ -165,9 +186,16 @@ fn load_cuda(
     use crate::model::registry::KvBudget;
     let util = a.gpu_mem_util;
     let ctx = be.dev.context().clone();
+    let fp8 = a.kv_type == crate::backend::KvType::Fp8E4m3;
     let budget = KvBudget::new(move || {
         let free = ctx.mem_get_info().map(|(f, _)| f as u64).unwrap_or(0);
-        kv_budget_bytes(free, util, GPU_RESERVE_BYTES)
+        let b = kv_budget_bytes(free, util, GPU_RESERVE_BYTES);
+        // an FP8 cache also keeps an f16 scale per row of head_dim (>= 64) values
+        if fp8 {
+            b / 66 * 64
+        } else {
+            b
+        }
     });
     let opts = LoadOptions {
         max_context: a.ctx,
@@ -335,12 +363,31 @@ mod tests {
         Cli::try_parse_from(v).unwrap().run
     }
 
+    /// A load the backend refused for what it lacks is recognised (and only that: any other
+    /// load error is not a reason to move to the CPU).
+    #[test]
+    fn refused_loads_are_told_apart() {
+        let e: anyhow::Error = crate::model::ModelError::Unsupported {
+            backend: "cuda",
+            what: "Qwen3.5 / 3.6 Gated DeltaNet layers have no CUDA kernels yet".into(),
+        }
+        .into();
+        let what = unsupported(&e).unwrap();
+        assert!(what.contains("cuda backend cannot run this model") && what.contains("DeltaNet"));
+        let other: anyhow::Error = crate::model::ModelError::Other("bad file".into()).into();
+        assert!(unsupported(&other).is_none());
+    }
+
     #[test]
     fn device_flags_parse() {
         // (the FUCINA_* environment is not set in tests)
         let a = parse(&[]);
         assert_eq!(a.device, Device::Auto);
-        assert_eq!(a.kv_type, KvType::Fp8E4m3);
+        assert_eq!(
+            a.kv_type,
+            KvType::F16,
+            "f16 until an FP8 cache meets the fidelity bound"
+        );
         assert_eq!(a.gpu_mem_util, 0.90);
         assert_eq!(a.cuda_device, 0);
         let a = parse(&[
@@ -349,13 +396,13 @@ mod tests {
             "--cuda-device",
             "3",
             "--kv-type",
-            "f16",
+            "fp8",
             "--gpu-mem-util",
             "0.5",
         ]);
         assert_eq!(a.device, Device::Cuda);
         assert_eq!(a.cuda_device, 3);
-        assert_eq!(a.kv_type, KvType::F16);
+        assert_eq!(a.kv_type, KvType::Fp8E4m3);
         assert_eq!(a.gpu_mem_util, 0.5);
         assert_eq!(parse(&["--device", "cpu"]).device, Device::Cpu);
         assert_eq!(parse(&["--kv-type", "fp8"]).kv_type, KvType::Fp8E4m3);

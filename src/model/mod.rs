@@ -64,6 +64,9 @@ pub enum ModelError {
     Rewind { to: usize, why: String },
     #[error("empty input")]
     Empty,
+    /// The backend cannot run this model (said at load time): `{backend}` and what it lacks.
+    #[error("the {backend} backend cannot run this model: {what}")]
+    Unsupported { backend: &'static str, what: String },
     #[error("{0}")]
     Other(String),
 }

@@ -160,6 +160,22 @@ pub fn load_detected<B: Backend>(
     backend: Arc<B>,
     opts: &LoadOptions,
 ) -> Result<Arc<dyn CausalLm>, ModelError> {
+    use crate::backend::Need;
+    let mut needs = Vec::new();
+    if matches!(det.arch, Arch::Qwen35 | Arch::Qwen35Moe) {
+        needs.push(Need::GatedDeltaNet);
+    }
+    if ckpt.any_tensor(|f| f == crate::weights::TensorFormat::NvFp4) {
+        needs.push(Need::Nvfp4Weights);
+    }
+    for need in needs {
+        if let Some(what) = backend.lacks(need) {
+            return Err(ModelError::Unsupported {
+                backend: backend.name(),
+                what,
+            });
+        }
+    }
     match det.arch {
         Arch::Qwen3 | Arch::Qwen3Moe => crate::model::qwen3::load(ckpt, det, backend, opts),
         Arch::Qwen35 | Arch::Qwen35Moe => crate::model::qwen35::load(ckpt, det, backend, opts),

@@ -467,16 +467,30 @@ pub(super) fn prep_of<'a>(
 }
 
 /// The cache bytes of `c` (K then V).
-fn cache_bytes(c: &GpuKvCache) -> R<(Vec<u8>, Vec<u8>)> {
-    let n = kv_layout(&c.shape, c.kv_type).bytes();
-    Ok((c.k.read::<u8>(n)?, c.v.read::<u8>(n)?))
+/// A cache's K bytes, V bytes, K row scales and V row scales (the scales empty for f16).
+type CacheContents = (Vec<u8>, Vec<u8>, Vec<u16>, Vec<u16>);
+
+/// Every byte of `c`'s K and V caches and, for FP8, its K and V row scales.
+fn cache_bytes(c: &GpuKvCache) -> R<CacheContents> {
+    let layout = kv_layout(&c.shape, c.kv_type);
+    let n = layout.bytes();
+    let (ks, vs) = match &c.scales {
+        Some(s) => {
+            let all = s.read::<u16>(2 * layout.rows())?;
+            (all[..layout.rows()].to_vec(), all[layout.rows()..].to_vec())
+        }
+        None => (Vec::new(), Vec::new()),
+    };
+    Ok((c.k.read::<u8>(n)?, c.v.read::<u8>(n)?, ks, vs))
 }
 
-/// `vals` followed by every byte of `c`'s K then V cache, as f32: one vector to compare.
+/// `vals` followed by every byte of `c`'s K then V cache and its row scales, as f32: one vector
+/// to compare.
 pub(super) fn with_cache(mut vals: Vec<f32>, c: &GpuKvCache) -> R<Vec<f32>> {
-    let (k, v) = cache_bytes(c)?;
+    let (k, v, ks, vs) = cache_bytes(c)?;
     vals.extend(k.into_iter().map(f32::from));
     vals.extend(v.into_iter().map(f32::from));
+    vals.extend(ks.into_iter().chain(vs).map(f32::from));
     Ok(vals)
 }
 
@@ -508,7 +522,8 @@ pub(super) fn attn_prep_cases(cx: &mut Ctx) {
                 continue;
             };
             let shape = KvShape::full(c.hkv, hd, 128);
-            let run = |composed: bool| -> R<(Vec<f32>, Vec<u8>, Vec<u8>)> {
+            type Run = (Vec<f32>, Vec<u8>, Vec<u8>, Vec<u16>, Vec<u16>);
+            let run = |composed: bool| -> R<Run> {
                 let ids: Vec<u32> = (0..c.rows as u32).collect();
                 gpu.begin_forward(&ids, if c.registered { c.pos0 } else { 10_000 })?;
                 let (gq, gk, gv) = (
@@ -524,14 +539,14 @@ pub(super) fn attn_prep_cases(cx: &mut Ctx) {
                 } else {
                     gpu.attn_prep(&gq, &gk, &gv, &mut cache, c.pos0, &p)?
                 };
-                let (kb, vb) = cache_bytes(&cache)?;
-                Ok((host(gpu, &out)?, kb, vb))
+                let (kb, vb, ks, vs) = cache_bytes(&cache)?;
+                Ok((host(gpu, &out)?, kb, vb, ks, vs))
             };
             let kvn = if kv == KvType::F16 { "f16" } else { "fp8" };
             let label = format!("attn_prep {} {kvn}", c.name);
             let cpu = &cx.cpu;
             let reference = || -> R<Pair> {
-                let (gq, kb, vb) = run(false)?;
+                let (gq, kb, vb, ks, vs) = run(false)?;
                 // CPU: the same composition on CpuBackend tensors
                 let t = |x: &[f32], cols| cpu.tensor(x, c.rows, cols);
                 let cw: Vec<_> = w
@@ -560,8 +575,8 @@ pub(super) fn attn_prep_cases(cx: &mut Ctx) {
                     }
                 }
                 let quant = kv_quant(kv);
-                let (gk, ek) = cache_expect(quant, &kb, &wk);
-                let (gv, ev) = cache_expect(quant, &vb, &wv);
+                let (gk, ek) = cache_expect(quant, &kb, &ks, &wk, hd);
+                let (gv, ev) = cache_expect(quant, &vb, &vs, &wv, hd);
                 let mut got = gq;
                 got.extend(gk);
                 got.extend(gv);
@@ -572,15 +587,20 @@ pub(super) fn attn_prep_cases(cx: &mut Ctx) {
             };
             let r = reference();
             let same = (|| -> R<Pair> {
-                let (fq, fk, fv) = run(false)?;
-                let (cq, ck, cv) = run(true)?;
+                let (fq, fk, fv, fks, fvs) = run(false)?;
+                let (cq, ck, cv, cks, cvs) = run(true)?;
                 let bytes = |b: Vec<u8>| b.into_iter().map(|x| x as f32).collect::<Vec<_>>();
+                let halves = |b: Vec<u16>| b.into_iter().map(|x| x as f32).collect::<Vec<_>>();
                 let mut got = fq;
                 got.extend(bytes(fk));
                 got.extend(bytes(fv));
+                got.extend(halves(fks));
+                got.extend(halves(fvs));
                 let mut want = cq;
                 want.extend(bytes(ck));
                 want.extend(bytes(cv));
+                want.extend(halves(cks));
+                want.extend(halves(cvs));
                 Ok((got, want))
             })();
             cx.case(format!("{label} vs CPU"), 1e-4, |_| r);

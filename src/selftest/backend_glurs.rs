@@ -15,7 +15,7 @@ pub(super) fn glurs_cases(cx: &mut Ctx) {
     use GgmlType::{Q4K, Q4_0, Q8_0};
     let dev = cx.gpu.dev.clone();
     let make = move |on: bool| -> anyhow::Result<CudaBackend> {
-        Ok(CudaBackend::with_device(dev.clone(), KvType::default())?
+        Ok(CudaBackend::with_device(dev.clone(), KvType::Fp8E4m3)?
             .with_defer_norm(true)
             .with_glurs(on))
     };

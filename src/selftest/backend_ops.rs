@@ -100,7 +100,7 @@ pub(super) fn host(gpu: &CudaBackend, t: &GpuTensor) -> R<Vec<f32>> {
 
 /// Run every backend op check on `dev`.
 pub fn run(dev: std::sync::Arc<CudaDevice>, seed: u64) -> R<Vec<OpRow>> {
-    let gpu = CudaBackend::with_device(dev, KvType::default())?;
+    let gpu = CudaBackend::with_device(dev, KvType::Fp8E4m3)?;
     let mut cx = Ctx {
         gpu,
         cpu: CpuBackend::new(),

@@ -269,7 +269,7 @@ pub(super) fn rsqv_cases(cx: &mut Ctx) {
             0.0,
             |_| {
                 let with = |on| {
-                    CudaBackend::with_device(dev.clone(), crate::backend::cuda::KvType::default())
+                    CudaBackend::with_device(dev.clone(), crate::backend::cuda::KvType::Fp8E4m3)
                         .map(|b| b.with_rsqv(on))
                 };
                 Ok((run(&with(true)?, true)?, run(&with(false)?, false)?))

@@ -18,7 +18,7 @@ pub(super) fn wide_cases(cx: &mut Ctx) {
     use GgmlType::{Q4K, Q6K};
     let dev = cx.gpu.dev.clone();
     let make = move |wide: bool| -> anyhow::Result<CudaBackend> {
-        Ok(CudaBackend::with_device(dev.clone(), KvType::default())?.with_rs_wide(wide))
+        Ok(CudaBackend::with_device(dev.clone(), KvType::Fp8E4m3)?.with_rs_wide(wide))
     };
     // (producer format, k, n, consumers): Qwen3-8B's fused q|k|v after its o projection, its q|k
     // (Q4_K) + v (Q6_K), and rows narrower than 4096 and not a whole batch of 32 x 4 words

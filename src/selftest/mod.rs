@@ -16,8 +16,10 @@ mod backend_qkv;
 mod backend_qkv_prep;
 mod backend_res;
 mod backend_res_wide;
+pub mod bisect;
 mod check;
 mod checks;
+pub mod fidelity;
 pub mod models;
 mod ring_models;
 mod synth_models;
@@ -54,6 +56,26 @@ pub struct SelftestArgs {
     /// Skip the whole-model checks (golden models and Gemma 3 270M, GPU against CPU).
     #[arg(long)]
     pub skip_models: bool,
+    /// Instead of the tables: run this model op by op on the GPU and the CPU at once and report
+    /// where their outputs depart (a checkpoint, or a `golden/fidelity/<case>` folder, whose
+    /// longest prompt and HF greedy tokens are then used).
+    #[arg(long, value_name = "MODEL")]
+    pub bisect: Option<std::path::PathBuf>,
+    /// Prompt token ids for --bisect (comma-separated; default: the fidelity case's).
+    #[arg(long, value_delimiter = ',')]
+    pub bisect_tokens: Vec<u32>,
+    /// Decode steps after the prompt for --bisect.
+    #[arg(long, default_value_t = 3)]
+    pub bisect_steps: usize,
+    /// --bisect: run every op on the reference's inputs (each op's own error).
+    #[arg(long)]
+    pub bisect_resync: bool,
+    /// --bisect: print ops whose relative error is at least this.
+    #[arg(long, default_value_t = 1e-3)]
+    pub bisect_threshold: f64,
+    /// --bisect: KV cache type of the GPU backend (fp8 or f16).
+    #[arg(long, default_value = "f16")]
+    pub bisect_kv: crate::backend::cuda::KvType,
 }
 
 impl Default for SelftestArgs {
@@ -66,6 +88,12 @@ impl Default for SelftestArgs {
             generic: false,
             strict_kernels: false,
             skip_models: false,
+            bisect: None,
+            bisect_tokens: Vec::new(),
+            bisect_steps: 3,
+            bisect_resync: false,
+            bisect_threshold: 1e-3,
+            bisect_kv: crate::backend::cuda::KvType::F16,
         }
     }
 }
@@ -86,6 +114,16 @@ pub struct Row {
 pub fn run(args: &SelftestArgs) -> anyhow::Result<bool> {
     if !cuda_available() {
         anyhow::bail!("no CUDA driver or GPU found (libcuda.so.1 not loadable, or no device): selftest needs a GPU");
+    }
+    if let Some(model) = &args.bisect {
+        let plan = bisect::BisectPlan {
+            model: model.clone(),
+            tokens: args.bisect_tokens.clone(),
+            steps: args.bisect_steps,
+            resync: args.bisect_resync,
+            threshold: args.bisect_threshold,
+        };
+        return bisect::run_gpu(args.device, args.bisect_kv, &plan);
     }
     let mut cache = codegen::ptx::CacheConfig::from_env()?;
     cache.strict |= args.strict_kernels;
@@ -126,7 +164,12 @@ pub fn run(args: &SelftestArgs) -> anyhow::Result<bool> {
         .filter(|s| arches.contains(&s.key.arch))
         .filter(|s| args.filter.as_deref().is_none_or(|f| s.name.contains(f)))
         .collect();
-    if specs.is_empty() {
+    let section = |name: &str| {
+        args.filter
+            .as_deref()
+            .is_none_or(|f| name.contains(f) || f.contains(name))
+    };
+    if specs.is_empty() && !(section("backend") || section("fidelity") || section("models")) {
         anyhow::bail!(
             "no kernel instance matches (arch {:?}, filter {:?})",
             arches,
@@ -138,37 +181,37 @@ pub fn run(args: &SelftestArgs) -> anyhow::Result<bool> {
         let seed = args.seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         rows.push(check_one(&dev, spec, seed, args.iters));
     }
-    print_table(&rows);
     let failed = rows.iter().filter(|r| !r.pass).count();
-    println!(
-        "{} instances, {} passed, {failed} failed; NVRTC compiles this run: {}, cache hits: {}",
-        rows.len(),
-        rows.len() - failed,
-        dev.ptx_cache().compiles(),
-        dev.ptx_cache().hits()
-    );
-    let backend_failed = if args
-        .filter
-        .as_deref()
-        .is_none_or(|f| "backend".contains(f) || f.contains("backend"))
-    {
+    if !rows.is_empty() {
+        print_table(&rows);
+        println!(
+            "{} instances, {} passed, {failed} failed; NVRTC compiles this run: {}, cache hits: {}",
+            rows.len(),
+            rows.len() - failed,
+            dev.ptx_cache().compiles(),
+            dev.ptx_cache().hits()
+        );
+    }
+    let backend_failed = if section("backend") {
         run_backend_ops(args, dev.ptx_cache().config().clone())
     } else {
         0
     };
     let mut model_failed = 0;
-    let models_selected = args
-        .filter
-        .as_deref()
-        .is_none_or(|f| "models".contains(f) || f.contains("model"));
-    if !args.skip_models && models_selected {
+    if !args.skip_models && section("fidelity") {
+        let (text, failed) = fidelity::run_gpu(args.device);
+        print!("{text}");
+        model_failed += failed;
+    }
+    if !args.skip_models && section("models") {
         let mrows = models::run_gpu(args.device);
         print!("{}", models::format_rows(&mrows));
-        model_failed = mrows.iter().filter(|r| !r.pass).count();
+        let mfailed = mrows.iter().filter(|r| !r.pass).count();
+        model_failed += mfailed;
         println!(
-            "{} model checks, {} passed, {model_failed} failed",
+            "{} model checks, {} passed, {mfailed} failed",
             mrows.len(),
-            mrows.len() - model_failed
+            mrows.len() - mfailed
         );
     }
     Ok(failed == 0 && backend_failed == 0 && model_failed == 0)

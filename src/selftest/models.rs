@@ -565,10 +565,7 @@ pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
     let cpu_int8 = Arc::new(crate::backend::cpu::CpuBackend::int8());
     let mut rows = Vec::new();
     for kv in [KvType::F16, KvType::Fp8E4m3] {
-        let tag = match kv {
-            KvType::F16 => "kv f16",
-            KvType::Fp8E4m3 => "kv fp8",
-        };
+        let tag = format!("kv {kv}");
         let gpu = match CudaBackend::new(ordinal, kv) {
             Ok(g) => Arc::new(g),
             Err(e) => {

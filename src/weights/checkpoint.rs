@@ -132,6 +132,15 @@ impl Checkpoint {
         }
     }
 
+    /// Whether some tensor is stored in a format `pred` accepts (nothing is handed out: the
+    /// tensor hook is not called).
+    pub fn any_tensor(&self, pred: impl Fn(super::TensorFormat) -> bool) -> bool {
+        self.tensor_names()
+            .iter()
+            .filter_map(|n| self.tensor_unhooked(n).ok())
+            .any(|t| pred(t.format))
+    }
+
     pub fn has(&self, name: &str) -> bool {
         match &self.source {
             Source::Gguf { index, .. } => index.contains_key(name),

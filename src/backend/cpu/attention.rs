@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use super::weight::dot;
 use super::CpuTensor;
-use crate::backend::{AttnParams, BackendError, KvShape, Result};
+use crate::backend::{AttnParams, BackendError, KvShape, KvType, Result};
 
 /// One layer's K and V for one sequence: `[positions, n_kv_heads * head_dim]` each, grown on
 /// demand up to `shape.capacity` positions, or, for a ring (`shape.ring = Some(slots)`), up to
@@ -12,6 +12,8 @@ use crate::backend::{AttnParams, BackendError, KvShape, Result};
 #[derive(Debug, Clone)]
 pub struct CpuKvCache {
     pub shape: KvShape,
+    /// What a written row keeps of its values ([`KvType::round_row`] per position and head).
+    pub kv_type: KvType,
     k: Vec<f32>,
     v: Vec<f32>,
     /// Positions written (`lo .. len` are held).
@@ -22,8 +24,13 @@ pub struct CpuKvCache {
 
 impl CpuKvCache {
     pub fn new(shape: KvShape) -> Self {
+        Self::with_type(shape, KvType::F32)
+    }
+    /// A cache whose rows are rounded as a `kv_type` cache stores them.
+    pub fn with_type(shape: KvShape, kv_type: KvType) -> Self {
         CpuKvCache {
             shape,
+            kv_type,
             k: Vec::new(),
             v: Vec::new(),
             len: 0,
@@ -63,6 +70,19 @@ impl CpuKvCache {
                 ),
             });
         }
+        if self.kv_type != KvType::F32 {
+            let (mut k, mut v) = (k.clone(), v.clone());
+            let hd = self.shape.head_dim;
+            for row in k.data.chunks_mut(hd).chain(v.data.chunks_mut(hd)) {
+                self.kv_type.round_row(row);
+            }
+            return self.write_rows(pos0, &k, &v);
+        }
+        self.write_rows(pos0, k, v)
+    }
+
+    fn write_rows(&mut self, pos0: usize, k: &CpuTensor, v: &CpuTensor) -> Result<()> {
+        let w = self.width();
         let end = pos0 + k.rows;
         if end > self.shape.capacity {
             return Err(BackendError::KvOverflow {

@@ -18,7 +18,8 @@ pub use moe::route;
 pub use weight::CpuWeight;
 
 use crate::backend::{
-    Activation, AttnParams, Backend, BackendError, KvShape, MoeParams, Norm, Result, Rope,
+    Activation, AttnParams, Backend, BackendError, KvShape, KvType, MoeParams, Need, Norm, Result,
+    Rope,
 };
 use crate::ops::{self, NormWeight, RopeLayout};
 use crate::weights::TensorRef;
@@ -54,6 +55,11 @@ impl CpuTensor {
 #[derive(Debug, Clone, Copy)]
 pub struct CpuBackend {
     int8_activations: bool,
+    /// What the KV caches keep of the values written (f32 by default: the reference; another
+    /// type rounds each row as a GPU cache of that type does, for comparisons with it).
+    kv_type: KvType,
+    /// A capability this backend claims not to have (tests of load-time refusals).
+    lacking: Option<Need>,
 }
 
 impl Default for CpuBackend {
@@ -66,12 +72,28 @@ impl CpuBackend {
     pub fn new() -> Self {
         CpuBackend {
             int8_activations: false,
+            kv_type: KvType::F32,
+            lacking: None,
         }
     }
     /// Int8-quantised activations against GGML block weights (see the type's docs).
     pub fn int8() -> Self {
         CpuBackend {
             int8_activations: true,
+            kv_type: KvType::F32,
+            lacking: None,
+        }
+    }
+    /// The same backend with KV caches that round each written row as a `kv_type` cache does.
+    pub fn with_kv_type(self, kv_type: KvType) -> Self {
+        CpuBackend { kv_type, ..self }
+    }
+    /// The same backend claiming not to have `need` (`Backend::lacks`), as a GPU backend
+    /// without those kernels does: for tests of the load-time refusal.
+    pub fn lacking(self, need: Need) -> Self {
+        CpuBackend {
+            lacking: Some(need),
+            ..self
         }
     }
 }
@@ -121,6 +143,10 @@ impl Backend for CpuBackend {
 
     fn name(&self) -> &'static str {
         "cpu"
+    }
+
+    fn lacks(&self, need: Need) -> Option<String> {
+        (self.lacking == Some(need)).then(|| format!("{need:?} is switched off on this backend"))
     }
 
     fn upload(&self, w: &TensorRef<'_>) -> Result<CpuWeight> {
@@ -428,7 +454,7 @@ impl Backend for CpuBackend {
         if shape.n_kv_heads == 0 || shape.head_dim == 0 {
             return Err(shape_err("kv_cache", format!("{shape:?}")));
         }
-        Ok(CpuKvCache::new(shape))
+        Ok(CpuKvCache::with_type(shape, self.kv_type))
     }
 
     fn kv_write(

@@ -11,9 +11,10 @@
 //! window and one prefill chunk need. `extra` holds the block table (i32 `[pages]`: logical page
 //! -> allocated page) the split-K decode kernel reads, followed by its arrival counters (u32
 //! `[n_kv_heads][16]`: per KV head and head share, zeroed here and left zero by every decode
-//! launch). FP8 uses one per-tensor scale of [`KV_SCALE`] = 1.0 for K and V:
-//! values are stored as they are, rounded to nearest even and clamped to +-448 (E4M3FN's
-//! largest finite value). The caches are zeroed when allocated.
+//! launch). FP8 scales every row (one position of one KV head) on its own
+//! (`crate::backend::kv_type`): `scales` holds an f16 scale per row for K, then for V, written
+//! with the row, so no value is clamped to E4M3's +-448 nor lost in its subnormals. The caches
+//! are zeroed when allocated (the scales too: a row not written reads as 0).
 
 use std::sync::Arc;
 
@@ -32,8 +33,6 @@ use crate::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
 
 /// Positions per page of the paged layout.
 pub const KV_PAGE: usize = 64;
-/// Per-tensor scale of the K and V caches (stored value = x / scale).
-pub const KV_SCALE: f32 = 1.0;
 /// Most decode blocks (splits x KV heads) of a full cache: ~4 per SM of an H200 (132 SMs).
 const DECODE_BLOCKS: usize = 512;
 /// Fewest keys a decode split covers: one 128-key tile. Qwen3-8B (8 KV heads) at depth 4096 then
@@ -80,7 +79,8 @@ fn bad(op: &'static str, detail: String) -> CudaError {
 pub fn kv_quant(t: KvType) -> Quant {
     match t {
         KvType::Fp8E4m3 => Quant::Fp8E4m3,
-        KvType::F16 => Quant::F16,
+        // an f32 cache is refused when the backend is made (CudaBackend::with_device)
+        KvType::F16 | KvType::F32 => Quant::F16,
     }
 }
 
@@ -273,6 +273,14 @@ impl CudaDevice {
         let mut table: Vec<i32> = (0..layout.pages() as i32).map(|p| p % ring).collect();
         table.resize(layout.pages() + shape.n_kv_heads * MAX_HEAD_SPLIT, 0);
         let extra = pool.upload_recycled(&table)?;
+        let scales = match kv_type {
+            KvType::Fp8E4m3 => {
+                let s = pool.alloc_recycled(layout.rows() * 2 * 2)?;
+                s.fill_bytes(0)?;
+                Some(s)
+            }
+            _ => None,
+        };
         Ok(GpuKvCache {
             shape,
             kv_type,
@@ -280,6 +288,7 @@ impl CudaDevice {
             v,
             len: 0,
             extra: Some(extra),
+            scales,
         })
     }
 
@@ -309,8 +318,7 @@ impl CudaDevice {
             spec,
             &layout,
             n,
-            KV_SCALE,
-            KV_SCALE,
+            cache.kv_scales(),
             k,
             v,
             pos,
@@ -399,8 +407,6 @@ impl CudaDevice {
                 splits,
                 min_chunk,
                 scale: p.scale,
-                k_scale: KV_SCALE,
-                v_scale: KV_SCALE,
                 softcap,
                 window,
                 entry: DecodeEntry::Auto,
@@ -414,6 +420,7 @@ impl CudaDevice {
                 q,
                 cache.k.u8(),
                 cache.v.u8(),
+                cache.kv_scales(),
                 table,
                 pos,
                 part_o.f32(),
@@ -430,8 +437,6 @@ impl CudaDevice {
                 hq: p.n_heads,
                 hkv: p.n_kv_heads,
                 scale: p.scale,
-                k_scale: KV_SCALE,
-                v_scale: KV_SCALE,
                 softcap,
                 window,
             };
@@ -443,6 +448,7 @@ impl CudaDevice {
                 pos,
                 cache.k.u8(),
                 cache.v.u8(),
+                cache.kv_scales(),
                 out.f32(),
             )?;
         }
@@ -492,7 +498,7 @@ mod tests {
         assert_eq!(kv_head_dim(32), Some(HeadDim::D32));
         assert!(check_kv_shape(&shape(8, 128, 0)).is_err());
         assert!(check_kv_shape(&shape(8, 128, usize::MAX / 2)).is_err());
-        assert_eq!(kv_quant(KvType::default()), Quant::Fp8E4m3);
+        assert_eq!(kv_quant(KvType::Fp8E4m3), Quant::Fp8E4m3);
         assert_eq!(kv_quant(KvType::F16), Quant::F16);
         let l = kv_layout(&shape(4, 256, 100), KvType::F16);
         assert_eq!((l.pages(), l.page_size, l.elem_bytes), (2, KV_PAGE, 2));

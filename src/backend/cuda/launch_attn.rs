@@ -35,6 +35,10 @@ impl KvLayout {
     pub fn pages(&self) -> usize {
         self.capacity.div_ceil(self.page_size.max(1))
     }
+    /// Cache rows (one position of one KV head): what an FP8 cache keeps a scale for.
+    pub fn rows(&self) -> usize {
+        self.ring_pages * self.hkv * self.page_size
+    }
     /// Bytes of one of the K / V caches.
     pub fn bytes(&self) -> usize {
         self.ring_pages * self.hkv * self.page_size * self.head_dim * self.elem_bytes
@@ -76,6 +80,45 @@ impl KvLayout {
     }
 }
 
+/// The per-row scales of an FP8 cache (`crate::backend::kv_type`): f16 `[ring_pages][hkv]
+/// [page_size]`, one per cache row, for K and for V (the FP8 kernels write and read them; null
+/// for an f16 cache, whose kernels take no scale).
+#[derive(Debug, Clone, Copy)]
+pub struct KvScales {
+    pub k: DevPtr<u16>,
+    pub v: DevPtr<u16>,
+}
+
+impl KvScales {
+    /// No scales (an f16 cache).
+    pub fn none() -> Self {
+        KvScales {
+            k: DevPtr::null(),
+            v: DevPtr::null(),
+        }
+    }
+    /// Both scale arrays hold a value per row of `layout` when its elements are FP8.
+    pub(crate) fn check(&self, op: &'static str, layout: &KvLayout) -> Result<(), CudaError> {
+        if layout.elem_bytes == 1 && (self.k.len() < layout.rows() || self.v.len() < layout.rows())
+        {
+            return Err(invalid(
+                op,
+                format!(
+                    "an FP8 cache of {} rows with {} / {} scales",
+                    layout.rows(),
+                    self.k.len(),
+                    self.v.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+    /// The two kernel arguments.
+    pub fn raw(&self) -> (u64, u64) {
+        (self.k.raw(), self.v.raw())
+    }
+}
+
 /// Shape and options of one prefill-attention launch.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnPrefillLaunch {
@@ -84,8 +127,6 @@ pub struct AttnPrefillLaunch {
     pub hq: usize,
     pub hkv: usize,
     pub scale: f32,
-    pub k_scale: f32,
-    pub v_scale: f32,
     /// 0 = off.
     pub softcap: f32,
     /// 0 = full causal attention.
@@ -125,16 +166,16 @@ fn head_dim_of(op: &'static str, spec: &KernelSpec) -> Result<usize, CudaError> 
 
 impl CudaDevice {
     /// Store `n` rows of `k`, `v` (f32 `[n][hkv * head_dim]`) into the caches at positions
-    /// `pos[0..n]` (device memory), times `1 / k_scale`, `1 / v_scale`, converted to the
-    /// instance's quant. Rows at positions outside `[0, capacity)` are skipped by the kernel.
+    /// `pos[0..n]` (device memory), converted to the instance's quant (FP8: each row scaled on
+    /// its own, its scale into `scales`). Rows at positions outside `[0, capacity)` are skipped
+    /// by the kernel.
     #[allow(clippy::too_many_arguments)]
     pub fn kv_write_rows(
         &self,
         spec: &'static KernelSpec,
         layout: &KvLayout,
         n: usize,
-        k_scale: f32,
-        v_scale: f32,
+        scales: KvScales,
         k: DevPtr<f32>,
         v: DevPtr<f32>,
         pos: DevPtr<i32>,
@@ -160,6 +201,7 @@ impl CudaDevice {
             ));
         }
         layout.check(OP, k_cache, v_cache)?;
+        scales.check(OP, layout)?;
         let row = layout.hkv * layout.head_dim;
         if n == 0 {
             return Ok(());
@@ -175,9 +217,6 @@ impl CudaDevice {
                 ),
             ));
         }
-        if !(k_scale.is_finite() && k_scale > 0.0 && v_scale.is_finite() && v_scale > 0.0) {
-            return Err(invalid(OP, format!("scales {k_scale} / {v_scale}")));
-        }
         let i = |v: usize| i32::try_from(v).map_err(|_| invalid(OP, format!("{v} exceeds i32")));
         let (hkv, d, pg, cap, ring) = (
             i(layout.hkv)?,
@@ -190,7 +229,7 @@ impl CudaDevice {
         if layout.hkv > 65535 {
             return Err(invalid(OP, "more than 65535 KV heads".into()));
         }
-        let (ik, iv) = (1.0f32 / k_scale, 1.0f32 / v_scale);
+        let (ks, vs) = scales.raw();
         let f = self.function(spec)?;
         let cfg = LaunchConfig {
             grid_dim: (grid_x, layout.hkv as u32, 1),
@@ -205,12 +244,13 @@ impl CudaDevice {
             .arg(&pg)
             .arg(&cap)
             .arg(&ring)
-            .arg(&ik)
-            .arg(&iv);
+            .arg(&ks)
+            .arg(&vs);
         // SAFETY: matches ops/kv_write (k, v, pos, k_cache, v_cache, hkv, d, page_size,
-        // capacity, ring_pages, inv_k_scale, inv_v_scale); k / v / pos sizes checked above; the
-        // caches hold `layout.bytes()` (ring_pages pages), the kernel skips positions outside
-        // [0, capacity) and takes every page index modulo ring_pages.
+        // capacity, ring_pages, k_scales, v_scales); k / v / pos sizes checked above; the
+        // caches hold `layout.bytes()` (ring_pages pages) and an FP8 cache's scales a value per
+        // row (checked), the kernel skips positions outside [0, capacity) and takes every page
+        // index modulo ring_pages.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())
     }
@@ -227,6 +267,7 @@ impl CudaDevice {
         pos: DevPtr<i32>,
         k_cache: DevPtr<u8>,
         v_cache: DevPtr<u8>,
+        scales: KvScales,
         out: DevPtr<f32>,
     ) -> Result<(), CudaError> {
         const OP: &str = "attn_prefill";
@@ -246,6 +287,7 @@ impl CudaDevice {
             ));
         }
         layout.check(OP, k_cache, v_cache)?;
+        scales.check(OP, layout)?;
         if p.hkv == 0 || p.hq % p.hkv != 0 || p.hq > 65535 || p.n == 0 {
             return Err(invalid(OP, format!("hq={} hkv={} n={}", p.hq, p.hkv, p.n)));
         }
@@ -272,7 +314,7 @@ impl CudaDevice {
             i(layout.ring_pages)?,
             i(p.window)?,
         );
-        let qk_scale = p.scale * p.k_scale;
+        let (ks, vs) = scales.raw();
         let (rows_per_block, smem) = prefill_geometry(spec, d, kvb);
         let f = self.function(spec)?;
         f.set_attribute(
@@ -296,14 +338,15 @@ impl CudaDevice {
             .arg(&pg)
             .arg(&cap)
             .arg(&ring)
-            .arg(&qk_scale)
-            .arg(&p.v_scale)
+            .arg(&p.scale)
+            .arg(&ks)
+            .arg(&vs)
             .arg(&p.softcap)
             .arg(&win);
         // SAFETY: matches ops/attn_prefill (q, pos, k_cache, v_cache, out, n, hq, hkv,
-        // page_size, capacity, ring_pages, qk_scale, v_scale, softcap, window); q / out / pos
-        // sizes and the cache layout checked above; the kernel never reads keys at or past
-        // `capacity` and takes every page index modulo ring_pages.
+        // page_size, capacity, ring_pages, qk_scale, k_scales, v_scales, softcap, window); q /
+        // out / pos sizes, the cache layout and an FP8 cache's scales checked above; the kernel
+        // never reads keys at or past `capacity` and takes every page index modulo ring_pages.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())
     }

@@ -42,8 +42,6 @@ pub struct AttnDecodeLaunch {
     /// Fewest keys per chunk (>= 1; a multiple of the tile keeps tiles whole).
     pub min_chunk: usize,
     pub scale: f32,
-    pub k_scale: f32,
-    pub v_scale: f32,
     /// 0 = off.
     pub softcap: f32,
     /// 0 = full attention.
@@ -227,6 +225,7 @@ impl CudaDevice {
         q: DevPtr<f32>,
         k_cache: DevPtr<u8>,
         v_cache: DevPtr<u8>,
+        scales: super::launch_attn::KvScales,
         block_table: DevPtr<i32>,
         q_pos: DevPtr<i32>,
         part_o: DevPtr<f32>,
@@ -360,6 +359,19 @@ impl CudaDevice {
                 "caches are not whole pages of [hkv][page_size][d]".into(),
             ));
         }
+        // an FP8 cache's row scales: one per row of the caches
+        let cache_rows = k_cache.len() / (d * kvb);
+        if kvb == 1 && (scales.k.len() < cache_rows || scales.v.len() < cache_rows) {
+            return Err(invalid(
+                OP,
+                format!(
+                    "an FP8 cache of {cache_rows} rows with {} / {} scales",
+                    scales.k.len(),
+                    scales.v.len()
+                ),
+            ));
+        }
+        let (ksr, vsr) = scales.raw();
         // the whole-group entry's merge: in `__gqa` itself, or a second launch
         let fused = entry == DecodeEntry::Gqa
             && match p.gqa_merge {
@@ -449,8 +461,8 @@ impl CudaDevice {
             .arg(&mp)
             .arg(&min_chunk)
             .arg(&p.scale)
-            .arg(&p.k_scale)
-            .arg(&p.v_scale)
+            .arg(&ksr)
+            .arg(&vsr)
             .arg(&p.softcap)
             .arg(&win);
         let (xqr, xdsr) = (xq.raw(), xds.raw());
@@ -464,7 +476,8 @@ impl CudaDevice {
         }
         // SAFETY: matches ops/attn_decode (q, k_cache, v_cache, block_table, q_pos, part_o,
         // part_ml, out, counters, hq, hkv, head_split, page_size, max_pages, min_chunk, scale,
-        // k_scale, v_scale, softcap, window, xq, xds: null or [batch][hq][d] int8 and
+        // k_scales, v_scales (an FP8 cache's row scales, checked above; null for f16),
+        // softcap, window, xq, xds: null or [batch][hq][d] int8 and
         // [batch][hq][d / 32] float2, checked above; `__gqa` also fused_merge: i32; `__mma_prep`
         // also the 18 arguments of PrepArgs::push, checked by DecodePrep::args: k / v of one
         // row, norm weights of d values, freq factors, a full cache); sizes checked

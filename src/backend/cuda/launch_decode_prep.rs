@@ -33,8 +33,6 @@ pub(crate) struct PrepArgs {
     theta: f32,
     capacity: i32,
     ring_pages: i32,
-    inv_k_scale: f32,
-    inv_v_scale: f32,
 }
 
 fn invalid(op: &'static str, detail: String) -> CudaError {
@@ -110,16 +108,14 @@ impl DecodePrep<'_> {
             theta: p.theta,
             capacity: int("capacity", l.capacity)?,
             ring_pages: int("ring_pages", l.ring_pages)?,
-            inv_k_scale: 1.0 / p.k_scale,
-            inv_v_scale: 1.0 / p.v_scale,
         })
     }
 }
 
 impl PrepArgs {
     /// Pushes the arguments (kin, vin, freq_factors, qw, kw, vw, q_mode, k_mode, v_mode, eps,
-    /// rot_dims, freq_base_dims, rope_layout, theta, capacity, ring_pages, inv_k_scale,
-    /// inv_v_scale) after the attention's own.
+    /// rot_dims, freq_base_dims, rope_layout, theta, capacity, ring_pages) after the
+    /// attention's own (an FP8 row's scales go to the attention's k_scales / v_scales).
     pub(crate) fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
         b.arg(&self.kin)
             .arg(&self.vin)
@@ -136,9 +132,7 @@ impl PrepArgs {
             .arg(&self.rope_layout)
             .arg(&self.theta)
             .arg(&self.capacity)
-            .arg(&self.ring_pages)
-            .arg(&self.inv_k_scale)
-            .arg(&self.inv_v_scale);
+            .arg(&self.ring_pages);
     }
 }
 
@@ -164,8 +158,6 @@ mod tests {
             layout: RopeLayout::Neox,
             theta: 1e6,
             eps: 1e-6,
-            k_scale: 1.0,
-            v_scale: 1.0,
         };
         let layout = KvLayout {
             hkv: 8,
@@ -187,6 +179,7 @@ mod tests {
             q_out: DevPtr::null(),
             k_cache: ptr(4096 * 8 * 128),
             v_cache: ptr(4096 * 8 * 128),
+            scales: crate::backend::cuda::launch_attn::KvScales::none(),
         };
         (launch, layout, bufs)
     }
@@ -222,8 +215,6 @@ mod tests {
         assert!(!check(
             |_, _, b| b.q_norm = Some(NormWeightPtr::OnePlus(ptr(64)))
         ));
-        assert!(!check(|l, _, _| l.k_scale = 0.0));
-        assert!(!check(|l, _, _| l.v_scale = f32::NAN));
         // a window on the attention side
         let (l, k, b) = valid();
         let p = DecodePrep {

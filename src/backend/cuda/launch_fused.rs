@@ -43,8 +43,8 @@ fn norm_mode(
 }
 
 /// The checks attn_prep's inputs share with the decode attention that makes them
-/// (`launch_decode_prep`): enough RoPE frequency divisors, finite positive cache scales; then
-/// the `(mode, pointer)` arguments of the q, k and v norms (weights of `d` values).
+/// (`launch_decode_prep`): enough RoPE frequency divisors; then the `(mode, pointer)` arguments
+/// of the q, k and v norms (weights of `d` values).
 pub(crate) fn prep_factors(
     op: &'static str,
     p: &AttnPrepLaunch,
@@ -56,9 +56,6 @@ pub(crate) fn prep_factors(
             op,
             format!("fewer than {} freq factors", p.rot_dims / 2),
         ));
-    }
-    if !(p.k_scale.is_finite() && p.k_scale > 0.0 && p.v_scale.is_finite() && p.v_scale > 0.0) {
-        return Err(invalid(op, format!("scales {} / {}", p.k_scale, p.v_scale)));
     }
     Ok([
         norm_mode(op, bufs.q_norm, d)?,
@@ -122,9 +119,6 @@ pub struct AttnPrepLaunch {
     pub layout: RopeLayout,
     pub theta: f32,
     pub eps: f32,
-    /// Stored value = x / scale (as `kv_write`).
-    pub k_scale: f32,
-    pub v_scale: f32,
 }
 
 /// The buffers of one `attn_prep` launch.
@@ -146,6 +140,8 @@ pub struct AttnPrepBufs {
     pub q_out: DevPtr<f32>,
     pub k_cache: DevPtr<u8>,
     pub v_cache: DevPtr<u8>,
+    /// An FP8 cache's row scales (written with the rows), null for f16.
+    pub scales: super::launch_attn::KvScales,
 }
 
 /// The common length of the four buffers `a`, `b`, `s`, `y` of an add + norm launch, when it is
@@ -443,7 +439,8 @@ impl CudaDevice {
             int(OP, "capacity", layout.capacity)?,
             int(OP, "ring_pages", layout.ring_pages)?,
         );
-        let (ik, iv) = (1.0f32 / p.k_scale, 1.0f32 / p.v_scale);
+        bufs.scales.check(OP, layout)?;
+        let (ik, iv) = bufs.scales.raw();
         let ptrs = [
             bufs.q.raw(),
             bufs.k.raw(),
@@ -458,9 +455,9 @@ impl CudaDevice {
         // (const float* q, k, v, const int* pos, const float* freq_factors, const float* qw, kw,
         //  vw, int q_mode, k_mode, v_mode, float eps, float* q_out, kv_t* k_cache, v_cache,
         //  int n_heads, hkv, d, rot_dims, freq_base_dims, layout, float theta, int page_size,
-        //  capacity, ring_pages, float inv_k_scale, inv_v_scale); sizes checked above, the
-        //  caches hold `layout.bytes()` (ring_pages pages), and the kernel skips positions
-        //  outside [0, capacity) and takes page indices modulo ring_pages.
+        //  capacity, ring_pages, u16* k_scales, v_scales); sizes checked above, the caches hold
+        //  `layout.bytes()` (ring_pages pages) and an FP8 cache's scales a value per row, and the
+        //  kernel skips positions outside [0, capacity) and takes page indices modulo ring_pages.
         self.go(
             kn,
             cfg,

@@ -472,7 +472,7 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
-    /// `c [m][n] = a [m][k] . w[n][k]^T` over float weights (f32 or f16 by the instance) in f32
+    /// `c [m][n] = a [m][k] . w[n][k]^T` over float weights (f32, f16 or bf16) in f32
     /// on CUDA cores (`ops/gemm_f32`): any shape, 32 x 32 output tiles.
     pub fn gemm_f32_ptr(
         &self,
@@ -487,7 +487,7 @@ impl CudaDevice {
         expect(kn, &[Op::GemmF32], OP)?;
         let elem = match kn.spec.key.quant {
             Quant::F32 => 4,
-            Quant::F16 => 2,
+            Quant::F16 | Quant::Bf16 => 2,
             q => return Err(invalid(OP, format!("no gemm_f32 for {q}"))),
         };
         if m == 0 || n == 0 || k == 0 {

@@ -101,7 +101,8 @@ impl CudaDevice {
             RopeLayout::Interleaved => 1,
         };
         let kv_f16 = i32::from(l.elem_bytes == 2);
-        let (inv_k, inv_v) = (1.0f32 / p.k_scale, 1.0f32 / p.v_scale);
+        b.scales.check(OP, l)?;
+        let (ksp, vsp) = b.scales.raw();
         let blocks = heads as u32 * QKVP_CLUSTER;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
@@ -115,15 +116,16 @@ impl CudaDevice {
         //  const float* freq_factors, const float* qw, kw, vw, int q_mode, k_mode, v_mode,
         //  float eps, float* q_out, u8* k_cache, u8* v_cache, int kv_f16, int n_heads, int hkv,
         //  int rot_dims, int freq_base_dims, int layout, float theta, int page_size,
-        //  int capacity, int ring_pages, float inv_k_scale, float inv_v_scale); the grid is
-        //  whole clusters (the entry's __cluster_dims__), shapes and buffers checked above
+        //  int capacity, int ring_pages, u16* k_scales, u16* v_scales); the grid is whole
+        //  clusters (the entry's __cluster_dims__), shapes and buffers (an FP8 cache's scales
+        //  too) checked above
         self.go(
             &e.kern,
             cfg,
             &[
                 &wp, &qp, &dp, &k32, &posp, &ff, &qw, &kw, &vw, &qm, &km, &vm, &p.eps, &qo, &kc,
-                &vc, &kv_f16, &nh, &hkv, &rot, &fbd, &layout, &p.theta, &pg, &cap, &ring, &inv_k,
-                &inv_v,
+                &vc, &kv_f16, &nh, &hkv, &rot, &fbd, &layout, &p.theta, &pg, &cap, &ring, &ksp,
+                &vsp,
             ],
         )
     }

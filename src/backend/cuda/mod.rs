@@ -42,7 +42,7 @@ pub use device::CudaDevice;
 pub use error::CudaError;
 pub use kv::{GQA_MIN_SPLIT_KEYS, MIN_SPLIT_KEYS};
 pub use launch::{GluShape, RopeLaunch};
-pub use launch_attn::{AttnPrefillLaunch, KvLayout};
+pub use launch_attn::{AttnPrefillLaunch, KvLayout, KvScales};
 pub use launch_decode::{
     decode_gqa_default, decode_has_mma, decode_key_has_gqa, decode_key_has_mma,
     gqa_fused_merge_default, gqa_fused_merge_fits, AttnDecodeLaunch, AttnScratch, DecodeEntry,

@@ -228,34 +228,8 @@ impl GpuWeight {
     }
 }
 
-/// Element type of the KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvType {
-    /// FP8 E4M3 (the default): half the bytes of f16.
-    #[default]
-    Fp8E4m3,
-    F16,
-}
-
-impl KvType {
-    pub fn bytes(self) -> usize {
-        match self {
-            KvType::Fp8E4m3 => 1,
-            KvType::F16 => 2,
-        }
-    }
-}
-
-impl std::str::FromStr for KvType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "fp8" | "fp8_e4m3" | "e4m3" | "f8" => Ok(KvType::Fp8E4m3),
-            "f16" | "fp16" | "half" => Ok(KvType::F16),
-            o => Err(format!("unknown KV type {o:?} (expected fp8 or f16)")),
-        }
-    }
-}
+/// Element type of the KV cache (the backend-wide type; the CUDA backend keeps f16 or FP8).
+pub use crate::backend::KvType;
 
 /// One attention layer's KV cache for one sequence (layout owned by `kv.rs`).
 #[derive(Debug)]
@@ -266,6 +240,26 @@ pub struct GpuKvCache {
     pub v: DevBuf,
     /// Positions written so far (all of `0..len` valid).
     pub len: usize,
-    /// Layout-specific extras (page table, scales), owned by `kv.rs`.
+    /// Layout-specific extras (page table, decode counters), owned by `kv.rs`.
     pub extra: Option<DevBuf>,
+    /// An FP8 cache's row scales: f16 K scales then V scales, one per cache row each
+    /// (`KvScales`); None for f16.
+    pub scales: Option<DevBuf>,
+}
+
+impl GpuKvCache {
+    /// The row scales as the kernels take them (null for an f16 cache).
+    pub fn kv_scales(&self) -> super::launch_attn::KvScales {
+        match &self.scales {
+            Some(b) => {
+                let all = b.ptr::<u16>();
+                let rows = all.len() / 2;
+                super::launch_attn::KvScales {
+                    k: all.slice(0, rows).unwrap_or(all),
+                    v: all.slice(rows, rows).unwrap_or(all),
+                }
+            }
+            None => super::launch_attn::KvScales::none(),
+        }
+    }
 }

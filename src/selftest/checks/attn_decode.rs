@@ -1,5 +1,5 @@
-//! Decode attention over a paged FP8 E4M3 or F16 KV cache vs `ops::attention_ref` on the
-//! dequantised cache at head dims 16..512: GQA groups 1..16, pages handed out in shuffled order,
+//! Decode attention over a paged FP8 E4M3 (a scale per row, rows of magnitudes 2^-6 .. 2^6) or
+//! F16 KV cache vs `ops::attention_ref` on the dequantised cache at head dims 16..512: GQA groups 1..16, pages handed out in shuffled order,
 //! several sequences of different lengths in one launch (1, 255, 256, 257: one tile, one chunk
 //! and the merge of 2 and 3 chunks), 4097 and 4100 keys (33 live chunks: the fused merge walks
 //! more splits than a warp has lanes), 6500 keys at head dim 128 (51 live chunks: `__mmaw`'s merge
@@ -17,10 +17,12 @@
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::kv::{decode_head_split, decode_launch_head_split};
+use crate::backend::cuda::KvScales;
 use crate::backend::cuda::{
     decode_gqa_default, decode_has_mma, decode_key_has_gqa, decode_key_has_mma, AttnDecodeLaunch,
     CudaError, DecodeEntry, DevPtr, GqaMerge, GQA_MIN_SPLIT_KEYS, MIN_SPLIT_KEYS,
 };
+use crate::backend::kv_type::fp8_row_scale;
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::attention_ref::{attention_decode, DecodeAttn};
 use crate::ops::qdot::quantize_q8_1;
@@ -108,20 +110,44 @@ fn cases(d: usize) -> Vec<Case> {
     v
 }
 
-/// Cache bytes of `x` in the instance's element type, and the value each element decodes to.
-pub(super) fn encode_kv(quant: Quant, x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+/// A cache's contents for rows of `d` values `x` as the kernels store them: the bytes in the
+/// instance's element type, the value each element decodes to and, for FP8, each row's f16
+/// scale (`crate::backend::kv_type`: `e4m3(x / s)`, read back as `e4m3 * s`; empty for F16).
+pub(super) fn encode_kv(quant: Quant, x: &[f32], d: usize) -> (Vec<u8>, Vec<f32>, Vec<u16>) {
     match quant {
         Quant::F16 => {
             let h: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
             let bytes = h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
-            (bytes, h.iter().map(|v| v.to_f32()).collect())
+            (bytes, h.iter().map(|v| v.to_f32()).collect(), Vec::new())
         }
         _ => {
-            let b: Vec<u8> = x.iter().map(|&v| f32_to_e4m3(v)).collect();
-            let f = b.iter().map(|&c| e4m3_to_f32(c)).collect();
-            (b, f)
+            let (mut b, mut f, mut s) = (Vec::with_capacity(x.len()), Vec::new(), Vec::new());
+            for row in x.chunks(d) {
+                let sc = fp8_row_scale(row);
+                let (sf, inv) = (sc.to_f32(), 1.0 / sc.to_f32());
+                for &v in row {
+                    let c = f32_to_e4m3(v * inv);
+                    b.push(c);
+                    f.push(e4m3_to_f32(c) * sf);
+                }
+                s.push(sc.to_bits());
+            }
+            (b, f, s)
         }
     }
+}
+
+/// Rows of `d` values with magnitudes spread over 2^-6 .. 2^6 (each row its own), so an FP8
+/// cache's scales differ from row to row.
+pub(super) fn spread_rows(rng: &mut impl Rng, n: usize, d: usize, amp: f32) -> Vec<f32> {
+    let mut x = Vec::with_capacity(n);
+    while x.len() < n {
+        let m = 2f32.powf(rng.random_range(-6.0f32..6.0));
+        for _ in 0..d.min(n - x.len()) {
+            x.push((rng.random::<f32>() - 0.5) * amp * m);
+        }
+    }
+    x
 }
 
 impl KernelCheck for AttnDecodeCheck {
@@ -153,10 +179,12 @@ impl KernelCheck for AttnDecodeCheck {
             let mut order: Vec<i32> = (0..pages as i32).collect();
             order.shuffle(rng);
             let n = pages * c.hkv * page * d;
-            let kx: Vec<f32> = (0..n).map(|_| (rng.random::<f32>() - 0.5) * 4.0).collect();
-            let vx: Vec<f32> = (0..n).map(|_| (rng.random::<f32>() - 0.5) * 4.0).collect();
-            let (kc, kf) = encode_kv(spec.key.quant, &kx);
-            let (vc, vf) = encode_kv(spec.key.quant, &vx);
+            // rows of every magnitude (each FP8 row its own scale); K's range kept moderate so
+            // the scores stay finite in the softmax and not all on one key
+            let kx = spread_rows(rng, n, d, 4.0 / 64.0);
+            let vx = spread_rows(rng, n, d, 4.0);
+            let (kc, kf, ksc) = encode_kv(spec.key.quant, &kx, d);
+            let (vc, vf, vsc) = encode_kv(spec.key.quant, &vx, d);
             let q: Vec<f32> = (0..b * c.hq * d)
                 .map(|_| rng.random::<f32>() - 0.5)
                 .collect();
@@ -173,8 +201,6 @@ impl KernelCheck for AttnDecodeCheck {
                 splits: c.splits,
                 min_chunk: MIN_SPLIT_KEYS,
                 scale: 1.0 / (d as f32).sqrt(),
-                k_scale: 0.5,
-                v_scale: 1.5,
                 softcap: c.softcap,
                 window: c.window,
                 entry: DecodeEntry::Scalar,
@@ -190,10 +216,8 @@ impl KernelCheck for AttnDecodeCheck {
                             ((pg * c.hkv + h) * page + j % page) * d,
                             (j * c.hkv + h) * d,
                         );
-                        for e in 0..d {
-                            kd[dst + e] = kf[src + e] * p.k_scale;
-                            vd[dst + e] = vf[src + e] * p.v_scale;
-                        }
+                        kd[dst..dst + d].copy_from_slice(&kf[src..src + d]);
+                        vd[dst..dst + d].copy_from_slice(&vf[src..src + d]);
                     }
                 }
                 let r = DecodeAttn {
@@ -215,6 +239,19 @@ impl KernelCheck for AttnDecodeCheck {
             let qpos: Vec<i32> = c.lens.iter().map(|&l| l as i32 - 1).collect();
             let (dq, dk, dv) = (cx.dev.upload(&q)?, cx.dev.upload(&kc)?, cx.dev.upload(&vc)?);
             let (dbt, dl) = (cx.dev.upload(&order)?, cx.dev.upload(&qpos)?);
+            let fp8 = !ksc.is_empty();
+            let (dks, dvs) = (
+                cx.dev.upload(if fp8 { &ksc } else { &[0u16][..] })?,
+                cx.dev.upload(if fp8 { &vsc } else { &[0u16][..] })?,
+            );
+            let scales = if fp8 {
+                KvScales {
+                    k: DevPtr::of(&dks),
+                    v: DevPtr::of(&dvs),
+                }
+            } else {
+                KvScales::none()
+            };
             let scratch = cx.dev.attn_scratch(&p, d)?;
             let dev = cx.dev;
             // every entry of the instance (scalar, and tensor-core where it has one); the
@@ -259,6 +296,7 @@ impl KernelCheck for AttnDecodeCheck {
                         DevPtr::of(&dq),
                         DevPtr::of(&dk),
                         DevPtr::of(&dv),
+                        scales,
                         DevPtr::of(&dbt),
                         DevPtr::of(&dl),
                         DevPtr::of(&scratch.part_o),

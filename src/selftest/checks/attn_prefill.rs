@@ -9,7 +9,7 @@
 //! for many rows (prefill dispatch) and for the last row alone (split-K decode dispatch).
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
-use super::attn_decode::encode_kv;
+use super::attn_decode::{encode_kv, spread_rows};
 use crate::backend::cuda::kv::kv_layout;
 use crate::backend::cuda::{AttnPrefillLaunch, CudaError, DevPtr, KvType, Pool};
 use crate::backend::{AttnParams, KvShape};
@@ -119,10 +119,11 @@ impl KernelCheck for AttnPrefillCheck {
                 ring: (c.ring > 0).then_some(c.ring),
             };
             let mut cache = dev.kv_cache_new(&pool, shape, kv_type)?;
-            let kx = uniform(rng, total * row, -2.0, 2.0);
-            let vx = uniform(rng, total * row, -2.0, 2.0);
-            let (_, kf) = encode_kv(quant, &kx);
-            let (_, vf) = encode_kv(quant, &vx);
+            // rows of every magnitude: an FP8 cache's kv_write gives each its own scale
+            let kx = spread_rows(rng, total * row, d, 4.0 / 64.0);
+            let vx = spread_rows(rng, total * row, d, 4.0);
+            let (_, kf, _) = encode_kv(quant, &kx, d);
+            let (_, vf, _) = encode_kv(quant, &vx, d);
             // prefix rows 0..pos0, then the chunk's rows pos0..total (as a backend would); a
             // ring's prefix in writes of at most its length (rows of one write that share a slot
             // would race)
@@ -172,8 +173,6 @@ impl KernelCheck for AttnPrefillCheck {
                 hq: c.hq,
                 hkv: c.hkv,
                 scale,
-                k_scale: 1.0,
-                v_scale: 1.0,
                 softcap: c.softcap,
                 window: c.window,
             };
@@ -187,6 +186,7 @@ impl KernelCheck for AttnPrefillCheck {
                     DevPtr::of(&dpos),
                     cache.k.u8(),
                     cache.v.u8(),
+                    cache.kv_scales(),
                     DevPtr::of(&out),
                 )
             };

@@ -18,10 +18,12 @@
 //! FP8 / F16 step and fails the bound.
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
+use crate::backend::cuda::KvScales;
 use crate::backend::cuda::{
     attn_prep_rows_suffix, AttnPrepBufs, AttnPrepLaunch, CudaError, DevPtr, Kern, KvLayout,
     NormWeightPtr,
 };
+use crate::backend::kv_type::fp8_row_scale;
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::{rms_norm, rope, NormWeight, RopeLayout, RopeSpec};
 use crate::quant::{e4m3_to_f32, f32_to_e4m3};
@@ -40,43 +42,65 @@ pub(crate) fn decode_cache(quant: Quant, bytes: &[u8]) -> Vec<f32> {
     }
 }
 
-fn round_trip(quant: Quant, x: f32) -> f32 {
+/// `x` stored in `quant` and read back (FP8: in a row whose scale is `s`).
+fn round_trip(quant: Quant, x: f32, s: f32) -> f32 {
     match quant {
         Quant::F16 => half::f16::from_f32(x).to_f32(),
-        _ => e4m3_to_f32(f32_to_e4m3(x)),
+        _ => e4m3_to_f32(f32_to_e4m3(x * (1.0 / s))) * s,
     }
 }
 
-/// Cache bytes `got` against the f32 values `want` (one per element, 0 where nothing is
-/// written) stored in `quant`: the decoded bytes and what each should decode to (see the module
-/// docs: exact up to rounding ties).
-pub(crate) fn cache_expect(quant: Quant, got: &[u8], want: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let g = decode_cache(quant, got);
-    if g.len() != want.len() {
-        return (g, want.to_vec());
+/// Cache bytes `got` (FP8: rows of `d` elements with their f16 `scales`) against the f32
+/// values `want` (one per element, 0 where nothing is written) stored in `quant`: the decoded
+/// values and what each should decode to (see the module docs: exact up to rounding ties), then
+/// for FP8 each written row's scale and what it should be (`fp8_row_scale` of the reference row:
+/// the same f16, or its neighbour where the row's largest value sits within f32 noise of an f16
+/// boundary).
+pub(crate) fn cache_expect(
+    quant: Quant,
+    got: &[u8],
+    scales: &[u16],
+    want: &[f32],
+    d: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let fp8 = quant != Quant::F16;
+    let raw = decode_cache(quant, got);
+    if raw.len() != want.len() || (fp8 && scales.len() * d != want.len()) {
+        return (raw, want.to_vec());
     }
     let rms = (want.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / want.len().max(1) as f64)
         .sqrt() as f32;
-    let expect = want
-        .iter()
-        .zip(&g)
-        .map(|(&x, &gv)| {
-            let w = round_trip(quant, x);
+    let (mut g, mut expect) = (Vec::with_capacity(raw.len()), Vec::with_capacity(raw.len()));
+    let (mut gs, mut es) = (Vec::new(), Vec::new());
+    for (r, (rg, rw)) in raw.chunks(d).zip(want.chunks(d)).enumerate() {
+        let s = if fp8 {
+            half::f16::from_bits(scales[r]).to_f32()
+        } else {
+            1.0
+        };
+        if fp8 && rw.iter().any(|&x| x != 0.0) {
+            let sr = fp8_row_scale(rw);
+            let near = |a: half::f16| a.to_bits().abs_diff(scales[r]) <= 1;
+            gs.push(s);
+            es.push(if near(sr) { s } else { sr.to_f32() });
+        }
+        for (&x, &gr) in rw.iter().zip(rg) {
+            let gv = if fp8 { gr * s } else { gr };
+            let w = round_trip(quant, x, s);
             let mid = 0.5 * (w + gv);
             let tie = w != gv && (x - mid).abs() <= 1e-5 * x.abs().max(rms * 1e-3);
-            if tie {
-                gv
-            } else {
-                w
-            }
-        })
-        .collect();
+            g.push(gv);
+            expect.push(if tie { gv } else { w });
+        }
+    }
+    g.extend(gs);
+    expect.extend(es);
     (g, expect)
 }
 
 /// [`cache_expect`] as a comparison.
-fn cache_cmp(quant: Quant, got: &[u8], want: &[f32]) -> Comparison {
-    let (g, e) = cache_expect(quant, got, want);
+fn cache_cmp(quant: Quant, got: &[u8], scales: &[u16], want: &[f32], d: usize) -> Comparison {
+    let (g, e) = cache_expect(quant, got, scales, want, d);
     Comparison::new(&g, &e)
 }
 
@@ -327,6 +351,20 @@ impl KernelCheck for AttnPrepCheck {
             let dout = cx.dev.filled_f32(rows * qw, f32::NAN)?;
             let zeros = vec![0u8; layout.bytes()];
             let (kc, vc) = (cx.dev.upload(&zeros)?, cx.dev.upload(&zeros)?);
+            let fp8 = quant != Quant::F16;
+            let zs = vec![0u16; layout.rows()];
+            let scales_of = |k: &cudarc::driver::CudaSlice<u16>,
+                             v: &cudarc::driver::CudaSlice<u16>| {
+                if fp8 {
+                    KvScales {
+                        k: DevPtr::of(k),
+                        v: DevPtr::of(v),
+                    }
+                } else {
+                    KvScales::none()
+                }
+            };
+            let (ks1, vs1) = (cx.dev.upload(&zs)?, cx.dev.upload(&zs)?);
             let norm = |i: usize| {
                 c.modes[i].map(|m| match m {
                     0 => NormWeightPtr::Plain(DevPtr::of(&dw[i])),
@@ -346,6 +384,7 @@ impl KernelCheck for AttnPrepCheck {
                 q_out: DevPtr::of(&dout),
                 k_cache: DevPtr::of(&kc),
                 v_cache: DevPtr::of(&vc),
+                scales: scales_of(&ks1, &vs1),
             };
             let lp = AttnPrepLaunch {
                 rows,
@@ -355,17 +394,16 @@ impl KernelCheck for AttnPrepCheck {
                 layout: c.layout,
                 theta: c.theta,
                 eps,
-                k_scale: 1.0,
-                v_scale: 1.0,
             };
             let dev = cx.dev;
             let prefill = ci + 1 == n_cases;
             dev.attn_prep_ptr(&kern, &lp, &layout, &bufs)?;
             let (mq, mk, mv) = (dev.download(&dout)?, dev.download(&kc)?, dev.download(&vc)?);
+            let (mks, mvs) = (dev.download(&ks1)?, dev.download(&vs1)?);
             cmp = cmp
                 .merge(Comparison::new(&mq, &want_q))
-                .merge(cache_cmp(quant, &mk, &want_k))
-                .merge(cache_cmp(quant, &mv, &want_v));
+                .merge(cache_cmp(quant, &mk, &mks, &want_k, c.d))
+                .merge(cache_cmp(quant, &mv, &mvs, &want_v, c.d));
             // the multi-row entry on the same inputs into fresh outputs: the reference as above,
             // and the main entry's q and cache bytes exactly
             let sfx = attn_prep_rows_suffix(c.d).ok_or_else(|| CudaError::Invalid {
@@ -375,10 +413,12 @@ impl KernelCheck for AttnPrepCheck {
             let entry = dev.kern_entry(&kern, sfx)?;
             let dout2 = dev.filled_f32(rows * qw, f32::NAN)?;
             let (kc2, vc2) = (dev.upload(&zeros)?, dev.upload(&zeros)?);
+            let (ks2, vs2) = (dev.upload(&zs)?, dev.upload(&zs)?);
             let bufs2 = AttnPrepBufs {
                 q_out: DevPtr::of(&dout2),
                 k_cache: DevPtr::of(&kc2),
                 v_cache: DevPtr::of(&vc2),
+                scales: scales_of(&ks2, &vs2),
                 ..bufs
             };
             let launch_rows = || dev.attn_prep_rows_ptr(&entry, &lp, &layout, &bufs2);
@@ -388,14 +428,18 @@ impl KernelCheck for AttnPrepCheck {
                 dev.download(&kc2)?,
                 dev.download(&vc2)?,
             );
+            let (rks, rvs) = (dev.download(&ks2)?, dev.download(&vs2)?);
             let bytes = |b: &[u8]| b.iter().map(|&x| x as f32).collect::<Vec<_>>();
+            let halves = |b: &[u16]| b.iter().map(|&x| x as f32).collect::<Vec<_>>();
             cmp = cmp
                 .merge(Comparison::new(&rq, &want_q))
-                .merge(cache_cmp(quant, &rk, &want_k))
-                .merge(cache_cmp(quant, &rv, &want_v))
+                .merge(cache_cmp(quant, &rk, &rks, &want_k, c.d))
+                .merge(cache_cmp(quant, &rv, &rvs, &want_v, c.d))
                 .merge(Comparison::identical(&rq, &mq))
                 .merge(Comparison::identical(&bytes(&rk), &bytes(&mk)))
-                .merge(Comparison::identical(&bytes(&rv), &bytes(&mv)));
+                .merge(Comparison::identical(&bytes(&rv), &bytes(&mv)))
+                .merge(Comparison::identical(&halves(&rks), &halves(&mks)))
+                .merge(Comparison::identical(&halves(&rvs), &halves(&mvs)));
             if prefill {
                 micros = time_us(dev, cx.iters, launch_rows)?;
             }

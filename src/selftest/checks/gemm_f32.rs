@@ -1,4 +1,4 @@
-//! Float-weight GEMM on CUDA cores (`gemm_f32`: f32 or f16 weights, f32 activations and sums)
+//! Float-weight GEMM on CUDA cores (`gemm_f32`: f32, f16 or bf16 weights, f32 activations and sums)
 //! vs an f64 CPU product of the same decoded operands: odd M/N/K tails, a K shorter than one
 //! tile, and the Qwen3-30B-A3B router at a 512-token prefill (timed).
 
@@ -34,14 +34,20 @@ impl KernelCheck for GemmF32Check {
             spec,
             f: cx.dev.function(spec)?,
         };
-        let f16 = spec.key.quant == Quant::F16;
+        let q = spec.key.quant;
         let mut cmp = Comparison::default();
         let mut micros = 0.0;
         for (m, n, k) in [(37usize, 50usize, 70usize), (9, 33, 7), (512, 128, 2048)] {
             let a = uniform(&mut cx.rng, m * k, -1.0, 1.0);
             let w32 = uniform(&mut cx.rng, n * k, -1.0, 1.0);
-            let (wbytes, wdec): (Vec<u8>, Vec<f32>) = if f16 {
+            let (wbytes, wdec): (Vec<u8>, Vec<f32>) = if q == Quant::F16 {
                 let h: Vec<half::f16> = w32.iter().map(|&v| half::f16::from_f32(v)).collect();
+                (
+                    h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+                    h.iter().map(|v| v.to_f32()).collect(),
+                )
+            } else if q == Quant::Bf16 {
+                let h: Vec<half::bf16> = w32.iter().map(|&v| half::bf16::from_f32(v)).collect();
                 (
                     h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
                     h.iter().map(|v| v.to_f32()).collect(),

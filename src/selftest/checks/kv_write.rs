@@ -1,13 +1,14 @@
 //! `kv_write` (f32 K/V rows into the paged FP8 E4M3 / F16 cache at device positions) vs the
-//! host encoding of the same rows (`crate::quant::f32_to_e4m3`, `half::f16::from_f32`): exact.
-//! Positions in shuffled order, values past the FP8 range (saturate to +-448), power-of-two
-//! scales, and two rows at positions -1 and `capacity` that must not be written anywhere. Two
-//! shapes are rings (`KvLayout::ring_pages` below the capacity's pages): positions past the
-//! ring's size land on its pages modulo its length.
+//! host encoding of the same rows (`encode_kv`: FP8 rows each scaled on its own, their f16
+//! scales beside them; `half::f16::from_f32`): exact, bytes and scales. Positions in shuffled
+//! order, rows of magnitudes 2^-6 .. 2^6 and values far past E4M3's 448 (a row scale keeps
+//! them), a row of zeros, and two rows at positions -1 and `capacity` that must not be written
+//! anywhere. Two shapes are rings (`KvLayout::ring_pages` below the capacity's pages):
+//! positions past the ring's size land on its pages modulo its length.
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
-use super::attn_decode::encode_kv;
-use crate::backend::cuda::{CudaError, DevPtr, KvLayout};
+use super::attn_decode::{encode_kv, spread_rows};
+use crate::backend::cuda::{CudaError, DevPtr, KvLayout, KvScales};
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::quant::e4m3_to_f32;
 use rand::seq::SliceRandom;
@@ -63,12 +64,13 @@ impl KernelCheck for KvWriteCheck {
             };
             let row = hkv * d;
             let rows = n + 2;
-            let mut k = uniform(&mut cx.rng, rows * row, -3.0, 3.0);
-            let v = uniform(&mut cx.rng, rows * row, -3.0, 3.0);
-            k[0] = 1000.0; // saturates in FP8 (stored / 2 = 500 -> 448)
+            let mut k = spread_rows(&mut cx.rng, rows * row, d, 6.0);
+            let mut v = uniform(&mut cx.rng, rows * row, -3.0, 3.0);
+            k[0] = 1000.0; // past E4M3's range: the row's scale keeps it
             k[1] = -600.0;
-            // a ring takes positions of one ring's length past its end (distinct slots: rows
-            // that share a slot would race)
+            v[row..row + d].iter_mut().for_each(|x| *x = 0.0); // a row of zeros
+                                                               // a ring takes positions of one ring's length past its end (distinct slots: rows
+                                                               // that share a slot would race)
             let first = if ring == 0 { 0 } else { cap - 64 * ring - 7 };
             let last = if ring == 0 { cap } else { first + 64 * ring };
             let mut order: Vec<usize> = (first..last).collect();
@@ -76,32 +78,48 @@ impl KernelCheck for KvWriteCheck {
             let mut pos: Vec<i32> = order[..n].iter().map(|&p| p as i32).collect();
             pos.push(cap as i32); // past the capacity: skipped
             pos.push(-1); // negative: skipped
-            let (ks, vs) = (2.0f32, 0.5f32);
-            let kq: Vec<f32> = k.iter().map(|x| x * (1.0 / ks)).collect();
-            let vq: Vec<f32> = v.iter().map(|x| x * (1.0 / vs)).collect();
-            let (kb, _) = encode_kv(quant, &kq);
-            let (vb, _) = encode_kv(quant, &vq);
+            let (kb, _, kss) = encode_kv(quant, &k, d);
+            let (vb, _, vss) = encode_kv(quant, &v, d);
+            let fp8 = quant != Quant::F16;
             let mut want_k = vec![0u8; layout.bytes()];
             let mut want_v = vec![0u8; layout.bytes()];
+            let mut want_ks = vec![0u16; layout.rows()];
+            let mut want_vs = vec![0u16; layout.rows()];
             for (i, &p) in pos[..n].iter().enumerate() {
                 for h in 0..hkv {
                     let dst = layout.elem_offset(p as usize, h) * kvb;
                     let src = (i * row + h * d) * kvb;
                     want_k[dst..dst + d * kvb].copy_from_slice(&kb[src..src + d * kvb]);
                     want_v[dst..dst + d * kvb].copy_from_slice(&vb[src..src + d * kvb]);
+                    if fp8 {
+                        let r = layout.elem_offset(p as usize, h) / d;
+                        want_ks[r] = kss[i * hkv + h];
+                        want_vs[r] = vss[i * hkv + h];
+                    }
                 }
             }
             let zeros = vec![0u8; layout.bytes()];
             let (dk, dv, dp) = (cx.dev.upload(&k)?, cx.dev.upload(&v)?, cx.dev.upload(&pos)?);
             let (kc, vc) = (cx.dev.upload(&zeros)?, cx.dev.upload(&zeros)?);
+            let (dks, dvs) = (
+                cx.dev.upload(&vec![0u16; layout.rows()])?,
+                cx.dev.upload(&vec![0u16; layout.rows()])?,
+            );
+            let scales = if fp8 {
+                KvScales {
+                    k: DevPtr::of(&dks),
+                    v: DevPtr::of(&dvs),
+                }
+            } else {
+                KvScales::none()
+            };
             let dev = cx.dev;
             let launch = || {
                 dev.kv_write_rows(
                     spec,
                     &layout,
                     rows,
-                    ks,
-                    vs,
+                    scales,
                     DevPtr::of(&dk),
                     DevPtr::of(&dv),
                     DevPtr::of(&dp),
@@ -119,6 +137,12 @@ impl KernelCheck for KvWriteCheck {
                 &decode(quant, &gv),
                 &decode(quant, &want_v),
             ));
+            if fp8 {
+                let (gks, gvs) = (dev.download(&dks)?, dev.download(&dvs)?);
+                let bad = gks.iter().zip(&want_ks).filter(|(a, b)| a != b).count()
+                    + gvs.iter().zip(&want_vs).filter(|(a, b)| a != b).count();
+                cmp = cmp.merge(Comparison::new(&[bad as f32], &[0.0]));
+            }
             if gk != want_k || gv != want_v {
                 // a byte-level difference the decoded comparison could hide (e.g. -0 vs +0)
                 let diff = gk.iter().zip(&want_k).filter(|(a, b)| a != b).count()

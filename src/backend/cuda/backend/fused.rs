@@ -9,7 +9,7 @@
 
 use super::super::buf::DevPtr;
 use super::super::kv::kv_head_dim;
-use super::super::kv::{kv_layout, kv_quant, KV_SCALE};
+use super::super::kv::{kv_layout, kv_quant};
 use super::super::launch_decode::{decode_gqa_default, decode_mma_default};
 use super::super::launch_fused::{
     AttnPrepBufs, AttnPrepLaunch, NormAddWeights, ATTN_PREP_MAX_HEAD_DIM,
@@ -307,8 +307,6 @@ impl CudaBackend {
             layout: r.layout,
             theta: r.theta,
             eps: p.eps,
-            k_scale: KV_SCALE,
-            v_scale: KV_SCALE,
         };
         let bufs = AttnPrepBufs {
             q: q.ptr(),
@@ -322,6 +320,7 @@ impl CudaBackend {
             q_out,
             k_cache: cache.k.u8(),
             v_cache: cache.v.u8(),
+            scales: cache.kv_scales(),
         };
         Ok((launch, bufs))
     }

@@ -5,6 +5,7 @@
 //!   carries the int8 side-car its producer wrote (rmsnorm, add_rmsnorm, glu: same bytes). When n is not a bucket the
 //!   rows are padded with zeros (the GEMV reads `bucket` rows of x, `[bucket][k]`, and writes
 //!   `bucket` rows of y; the tensor returned is the first n rows of that buffer).
+//! - n > 8, bf16 weights of at most [`ROUTER_MAX_OUT`] outputs: `gemm_f32` (f32 activations).
 //! - n > 8: activations to bf16 (`cast_bf16`, or the bf16 copy x carries) and the tensor-core GEMM: `gemm_pipe` over bf16
 //!   weights, or over GGUF block weights dequantised to bf16 chunk by chunk (`linear_pipe.rs`);
 //!   shapes it does not take go to the per-format `gemm` (dequantising tiles in its loader);
@@ -18,6 +19,13 @@ use super::super::weight_block;
 use super::CudaBackend;
 use crate::backend::{BackendError, Result};
 use crate::kernels::{BatchBucket, Op, Quant};
+
+/// Most outputs of a bf16 projection that prefill runs on CUDA cores in f32 (`gemm_f32`) instead
+/// of the tensor-core GEMM over bf16-rounded activations: MoE routers (up to 256 experts). A
+/// top-k taken on logits computed from rounded activations picks another expert wherever two
+/// are within that rounding (measured on a Qwen3-MoE fidelity case: one prompt position's MoE
+/// output 32% away from the reference's, `fucina selftest --bisect`); the work is small.
+pub(crate) const ROUTER_MAX_OUT: usize = 256;
 
 /// The GEMV bucket for `n` rows (n in 1..=8).
 pub(crate) fn gemv_bucket(n: usize) -> Option<(BatchBucket, usize)> {
@@ -78,10 +86,14 @@ impl CudaBackend {
                     .map(|s| s.ptrs());
             return self.gemv_rows(x.ptr(), n, v.data, v.quant, (out, k), q8);
         }
-        if let Some(y) = self.linear_pipe(x, &v, super::linear_pipe::gemm_scratch_bytes())? {
-            return Ok(y);
+        // narrow float projections (MoE routers) in f32: see ROUTER_MAX_OUT
+        let exact = out <= ROUTER_MAX_OUT && v.quant == Quant::Bf16;
+        if !exact {
+            if let Some(y) = self.linear_pipe(x, &v, super::linear_pipe::gemm_scratch_bytes())? {
+                return Ok(y);
+            }
         }
-        if has_gemm(v.quant) && k % 8 == 0 {
+        if has_gemm(v.quant) && k % 8 == 0 && !exact {
             if let Ok(g) = self.kern(Op::Gemm, v.quant, BatchBucket::Any) {
                 let (_a, a16) = self.bf16_activations(x)?;
                 let c = self.pool.alloc(n * out * 4)?;
@@ -90,7 +102,7 @@ impl CudaBackend {
                 return Ok(GpuTensor::new(c, n, out));
             }
         }
-        if matches!(v.quant, Quant::F32 | Quant::F16) {
+        if exact || matches!(v.quant, Quant::F32 | Quant::F16) {
             if let Ok(g) = self.kern(Op::GemmF32, v.quant, BatchBucket::Any) {
                 let c = self.pool.alloc(n * out * 4)?;
                 self.dev.gemm_f32_ptr(

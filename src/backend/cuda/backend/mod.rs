@@ -175,6 +175,12 @@ impl CudaBackend {
         dev: Arc<CudaDevice>,
         kv_type: KvType,
     ) -> std::result::Result<CudaBackend, CudaError> {
+        if kv_type == KvType::F32 {
+            return Err(CudaError::Invalid {
+                op: "kv_cache",
+                detail: "the CUDA backend keeps its KV cache in f16 or fp8 (--kv-type)".into(),
+            });
+        }
         let pool = Pool::new(dev.stream().clone());
         let sms = dev.sm_count()?;
         let moe_counters =
@@ -291,6 +297,16 @@ impl Backend for CudaBackend {
     type Weight = GpuWeight;
     type KvCache = GpuKvCache;
     type SamplerState = CudaSamplerState;
+
+    fn lacks(&self, need: crate::backend::Need) -> Option<String> {
+        use crate::backend::Need;
+        Some(match need {
+            Need::GatedDeltaNet => {
+                "Qwen3.5 / 3.6 Gated DeltaNet layers have no CUDA kernels yet".to_string()
+            }
+            Need::Nvfp4Weights => "NVFP4 weights have no CUDA kernels yet".to_string(),
+        })
+    }
 
     fn sampler_new(
         &self,
