@@ -126,7 +126,11 @@ pub struct ChatRequest {
 /// The rendered prompt plus how to parse what the model writes next.
 #[derive(Debug, Clone)]
 pub struct RenderedPrompt {
+    /// The prompt text; where the caller's text held control-token strings, they carry
+    /// `mark` (tokenize with [`RenderedPrompt::encode`], not the bare text).
     pub text: String,
+    /// The mark inside the caller's control-token strings (`Tokenizer::mark_text`), if any.
+    pub mark: Option<char>,
     /// The prompt ends inside an open thinking block.
     pub in_reasoning: bool,
     /// Parse tool calls in the output.
@@ -135,14 +139,39 @@ pub struct RenderedPrompt {
     pub forced_prefix: Option<String>,
 }
 
+impl RenderedPrompt {
+    /// The prompt's token ids: the template's markup as control tokens, the caller's text as
+    /// text (`Tokenizer::encode_marked`).
+    pub fn encode(&self, tok: &Tokenizer) -> Result<Vec<u32>, crate::tokenizer::TokenizerError> {
+        match self.mark {
+            Some(m) => tok.encode_marked(&self.text, m, false),
+            None => tok.encode(&self.text, false),
+        }
+    }
+}
+
 /// A dialect plus the template that renders it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ChatFormat {
     pub dialect: Dialect,
     template: ChatTemplate,
     tool_template: Option<ChatTemplate>,
     /// True when the checkpoint's own template is used (false: built-in).
     pub model_template: bool,
+    /// The tokenizer whose control tokens the caller's text may not produce (None: the text is
+    /// rendered as it is, and the control-token strings in it become control tokens: the
+    /// `--special-in-content` opt-out).
+    guard: Option<Tokenizer>,
+}
+
+impl std::fmt::Debug for ChatFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatFormat")
+            .field("dialect", &self.dialect)
+            .field("model_template", &self.model_template)
+            .field("content_as_text", &self.guard.is_some())
+            .finish()
+    }
 }
 
 impl ChatFormat {
@@ -169,7 +198,20 @@ impl ChatFormat {
             template,
             tool_template,
             model_template,
+            guard: None,
         })
+    }
+
+    /// The same format keeping the caller's text text (see [`ChatFormat::guard`]'s field doc):
+    /// every control-token string of `tok` in message content, names, tool calls, tool results,
+    /// tool definitions and template variables is tokenized as ordinary text (assistant turns
+    /// keep the dialect's thinking markers, which templates strip from history).
+    pub fn with_text_guard(mut self, tok: &Tokenizer) -> Self {
+        // built now (a Gemma vocabulary takes a second or two), not at the first request; an
+        // error shows again there
+        let _ = tok.mark_text("", '\u{FDD0}', &[]);
+        self.guard = Some(tok.clone());
+        self
     }
 
     /// Special-token variables (`bos_token`, `eos_token`) taken from a tokenizer.
@@ -212,12 +254,18 @@ impl ChatFormat {
             ));
         }
         let mut kwargs = req.kwargs.clone();
+        let mut messages: Vec<Value> = req.messages.iter().map(normalize_message).collect();
+        let mut tools = use_tools.then(|| req.tools.clone());
+        let mark = match &self.guard {
+            Some(tok) => self.mark_caller_text(tok, &mut messages, &mut tools, &mut kwargs)?,
+            None => None,
+        };
         if let Some(t) = req.enable_thinking {
             kwargs.insert("enable_thinking".into(), t.into());
         }
         let input = RenderInput {
-            messages: req.messages.iter().map(normalize_message).collect(),
-            tools: use_tools.then(|| req.tools.clone()),
+            messages,
+            tools,
             add_generation_prompt: true,
             kwargs,
         };
@@ -251,6 +299,7 @@ impl ChatFormat {
         }
         Ok(RenderedPrompt {
             text,
+            mark,
             in_reasoning,
             parse_tools: use_tools,
             forced_prefix,
@@ -269,6 +318,90 @@ impl ChatFormat {
             p.prime(pre);
         }
         p
+    }
+}
+
+impl ChatFormat {
+    /// Mark the control-token strings of every string the caller wrote (`Tokenizer::mark_text`)
+    /// with a mark none of them, nor the template, holds. Returns the mark (None when nothing
+    /// needed one).
+    fn mark_caller_text(
+        &self,
+        tok: &Tokenizer,
+        messages: &mut [Value],
+        tools: &mut Option<Vec<Value>>,
+        kwargs: &mut Map<String, Value>,
+    ) -> Result<Option<char>, ChatError> {
+        let mut strings: Vec<String> = vec![self.template.source().to_string()];
+        if let Some(t) = &self.tool_template {
+            strings.push(t.source().to_string());
+        }
+        let collect = |v: &Value, out: &mut Vec<String>| {
+            walk_strings_ref(v, &mut |s| out.push(s.to_string()))
+        };
+        for m in messages.iter() {
+            collect(m, &mut strings);
+        }
+        for t in tools.iter().flatten() {
+            collect(t, &mut strings);
+        }
+        for v in kwargs.values() {
+            collect(v, &mut strings);
+        }
+        let mark = tok
+            .pick_mark(strings.iter().map(String::as_str))
+            .ok_or_else(|| ChatError::Invalid("the request holds every noncharacter".into()))?;
+        let m = self.dialect.markers();
+        let think: Vec<&str> = [m.think_open, m.think_close]
+            .into_iter()
+            .flatten()
+            .collect();
+        let mut used = false;
+        let mut mark_all = |v: &mut Value, keep: &[&str]| -> Result<(), ChatError> {
+            walk_strings(v, &mut |s| {
+                let marked = tok
+                    .mark_text(s, mark, keep)
+                    .map_err(|e| ChatError::Invalid(e.to_string()))?;
+                if marked.len() != s.len() {
+                    used = true;
+                    *s = marked;
+                }
+                Ok(())
+            })
+        };
+        for msg in messages.iter_mut() {
+            let assistant = msg.get("role").and_then(Value::as_str) == Some("assistant");
+            mark_all(msg, if assistant { &think } else { &[] })?;
+        }
+        for t in tools.iter_mut().flatten() {
+            mark_all(t, &[])?;
+        }
+        for v in kwargs.values_mut() {
+            mark_all(v, &[])?;
+        }
+        Ok(used.then_some(mark))
+    }
+}
+
+/// Every string in `v` (object values and array items, recursively; keys are not text).
+fn walk_strings(
+    v: &mut Value,
+    f: &mut dyn FnMut(&mut String) -> Result<(), ChatError>,
+) -> Result<(), ChatError> {
+    match v {
+        Value::String(s) => f(s),
+        Value::Array(a) => a.iter_mut().try_for_each(|x| walk_strings(x, f)),
+        Value::Object(o) => o.values_mut().try_for_each(|x| walk_strings(x, f)),
+        _ => Ok(()),
+    }
+}
+
+fn walk_strings_ref(v: &Value, f: &mut dyn FnMut(&str)) {
+    match v {
+        Value::String(s) => f(s),
+        Value::Array(a) => a.iter().for_each(|x| walk_strings_ref(x, f)),
+        Value::Object(o) => o.values().for_each(|x| walk_strings_ref(x, f)),
+        _ => {}
     }
 }
 

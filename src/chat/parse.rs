@@ -32,6 +32,22 @@ pub struct OutputMarkers {
     pub tool_syntax: ToolSyntax,
 }
 
+/// `evs` without `tokenizer::OUTPUT_MARK` in their text.
+fn unmarked(evs: Vec<ParsedEvent>) -> Vec<ParsedEvent> {
+    use crate::tokenizer::strip_output_mark as s;
+    evs.into_iter()
+        .map(|e| match e {
+            ParsedEvent::Content(t) => ParsedEvent::Content(s(&t).into_owned()),
+            ParsedEvent::Reasoning(t) => ParsedEvent::Reasoning(s(&t).into_owned()),
+            ParsedEvent::ToolCall(c) => ParsedEvent::ToolCall(ParsedToolCall {
+                name: s(&c.name).into_owned(),
+                arguments: s(&c.arguments).into_owned(),
+                ..c
+            }),
+        })
+        .collect()
+}
+
 /// One parsed piece of output.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ParsedEvent {
@@ -105,6 +121,9 @@ impl OutputParser {
         let _ = self.feed(text);
     }
 
+    /// Generated text in order (as the engine emits it: a marker the model wrote as ordinary
+    /// tokens carries `tokenizer::OUTPUT_MARK`, so it is no marker here; the events come back
+    /// without the mark).
     pub fn feed(&mut self, text: &str) -> Vec<ParsedEvent> {
         self.buf.push_str(text);
         let mut out = Vec::new();
@@ -115,7 +134,7 @@ impl OutputParser {
                 State::Tool => self.step_tool(&mut out),
             };
             if !progressed {
-                return out;
+                return unmarked(out);
             }
         }
     }
@@ -135,7 +154,7 @@ impl OutputParser {
             State::Tool => self.tool_body(&rest, false, &mut out),
         }
         self.state = State::Content;
-        out
+        unmarked(out)
     }
 
     /// Number of tool calls reported so far.

@@ -107,6 +107,12 @@ pub struct RunArgs {
     /// Per-request generation time limit in seconds.
     #[arg(long, env = "FUCINA_TIMEOUT")]
     pub timeout: Option<u64>,
+    /// Unsafe opt-out: let control-token strings inside message content, tool results, tool
+    /// arguments and documents become control tokens (the behaviour before content was kept
+    /// text; anyone who can put text into a conversation can then close a turn or forge a tool
+    /// call).
+    #[arg(long = "special-in-content", env = "FUCINA_SPECIAL_IN_CONTENT")]
+    pub special_in_content: bool,
     /// Fraction of the GPU memory left free after the weights that the KV cache may take (CUDA;
     /// caps the context).
     #[arg(

@@ -238,10 +238,18 @@ pub fn load(a: &RunArgs) -> Result<Ready> {
     let (model, tokenizer, template, model_id) = load_model(a)?;
     let tokenizer = Arc::new(tokenizer);
     let chat = match Dialect::detect(&tokenizer) {
-        Some(d) => Some(
-            ChatFormat::new(d, template, ChatFormat::special_from_tokenizer(&tokenizer))
-                .context("compiling the chat template")?,
-        ),
+        Some(d) => {
+            let f = ChatFormat::new(d, template, ChatFormat::special_from_tokenizer(&tokenizer))
+                .context("compiling the chat template")?;
+            Some(if a.special_in_content {
+                tracing::warn!(
+                    "--special-in-content: control-token strings in message content become control tokens"
+                );
+                f
+            } else {
+                f.with_text_guard(&tokenizer)
+            })
+        }
         None => None,
     };
     let engine = scheduler::spawn(

@@ -1,6 +1,7 @@
 //! One generation driven from the terminal (one-shot and REPL): submit, stream the parsed
 //! output to the terminal (reasoning dimmed), and report stats.
 
+use crate::tokenizer::strip_output_mark;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -73,7 +74,7 @@ pub fn run(
                 enable_thinking: Some(o.thinking.enabled()),
                 ..Default::default()
             })?;
-            let prompt = tok.encode(&rendered.text, false)?;
+            let prompt = rendered.encode(tok)?;
             let budget = if o.thinking.enabled() {
                 o.think_budget.or(o.thinking.budget())
             } else {
@@ -147,7 +148,7 @@ pub fn run(
                 }
                 let evs = match parser.as_mut() {
                     Some(p) => p.feed(&text),
-                    None => vec![ParsedEvent::Content(text)],
+                    None => vec![ParsedEvent::Content(strip_output_mark(&text).into_owned())],
                 };
                 for e in evs {
                     show(e, &mut res, out, &mut in_reasoning)?;
@@ -160,7 +161,7 @@ pub fn run(
             } => {
                 let mut evs = match parser.as_mut() {
                     Some(p) => p.feed(&text),
-                    None => vec![ParsedEvent::Content(text)],
+                    None => vec![ParsedEvent::Content(strip_output_mark(&text).into_owned())],
                 };
                 if let Some(p) = parser.as_mut() {
                     evs.extend(p.finish());

@@ -12,7 +12,7 @@ use super::{
     Usage,
 };
 use crate::model::{CausalLm, Session};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::tokenizer::{OutputGuard, StreamDecoder, Tokenizer};
 
 /// Settings of the simple scheduler.
 #[derive(Debug, Clone)]
@@ -174,6 +174,9 @@ impl Worker {
         hist.extend_from_slice(&req.prompt[keep..]);
 
         let mut detok = StreamDecoder::new(&self.tokenizer, self.cfg.skip_special);
+        // control-token strings the model writes as ordinary tokens are marked (consumers drop
+        // the mark): the output parsers act only on control tokens
+        let mut guard = OutputGuard::new(&self.tokenizer);
         let mut stops = StopMatcher::new(req.stop.stop_strings.clone());
         let mut think = req.think_budget.as_ref().map(|b| ThinkState {
             inside: b.starts_open,
@@ -240,7 +243,7 @@ impl Worker {
                 let text = flush(&mut detok, &mut stops);
                 return finish(self, FinishReason::Eos, text, session, hist, usage);
             }
-            let piece = detok.push(id).ok().flatten().unwrap_or_default();
+            let piece = guard.piece(id, detok.push(id).ok().flatten().unwrap_or_default());
             match stops.feed(&piece) {
                 StopCheck::Stop { text, matched } => {
                     let _ = sub.events.send(Event::Token {

@@ -261,8 +261,8 @@ async fn inner(
         kwargs: Map::new(),
     })?;
     let tok = &loaded.tokenizer;
-    let prompt = tok
-        .encode(&rendered.text, false)
+    let prompt = rendered
+        .encode(tok)
         .map_err(|e| ApiError::bad(e.to_string()))?;
     let max_tokens = params::resolve_max_tokens(
         Some(r.max_tokens),

@@ -42,11 +42,14 @@ pub struct CompletionRequest {
     pub response_format: Option<Value>,
     /// Extension (as vLLM): include `prompt_token_ids` and `token_ids` in each choice.
     pub return_token_ids: Option<bool>,
+    /// Extension: whether control-token strings in a text prompt are control tokens (default
+    /// true: a raw prompt is the caller's own template); false tokenizes the prompt as text.
+    pub parse_special: Option<bool>,
 }
 
-/// The prompt as token ids: a string (tokenised with the tokenizer's special tokens), a list of
-/// ids, or a one-element list of either.
-fn prompt_ids(p: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+/// The prompt as token ids: a string (tokenised with the tokenizer's special tokens, or as text
+/// when `parse_special` is false), a list of ids, or a one-element list of either.
+fn prompt_ids(p: &Value, tok: &Tokenizer, parse_special: bool) -> Result<Vec<u32>, ApiError> {
     let bad = || {
         ApiError::bad_param(
             "prompt",
@@ -58,8 +61,12 @@ fn prompt_ids(p: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
             if s.is_empty() {
                 return Err(ApiError::bad_param("prompt", "prompt must not be empty"));
             }
-            tok.encode(s, true)
-                .map_err(|e| ApiError::bad(e.to_string()))
+            let ids = if parse_special {
+                tok.encode(s, true)
+            } else {
+                tok.encode_text(s, true)
+            };
+            ids.map_err(|e| ApiError::bad(e.to_string()))
         }
         Value::Array(a) if a.is_empty() => {
             Err(ApiError::bad_param("prompt", "prompt must not be empty"))
@@ -73,7 +80,7 @@ fn prompt_ids(p: &Value, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
                     .ok_or_else(bad)
             })
             .collect(),
-        Value::Array(a) if a.len() == 1 => prompt_ids(&a[0], tok),
+        Value::Array(a) if a.len() == 1 => prompt_ids(&a[0], tok, parse_special),
         Value::Array(_) => Err(ApiError::bad_param(
             "prompt",
             "batched prompts are not supported: send one prompt per request",
@@ -122,7 +129,7 @@ async fn inner(
     let sampling = r.sampling.resolve(&st.cfg.defaults)?;
     let loaded = st.loaded()?;
     let tok = loaded.tokenizer.clone();
-    let prompt = prompt_ids(&r.prompt, &tok)?;
+    let prompt = prompt_ids(&r.prompt, &tok, r.parse_special.unwrap_or(true))?;
     let info = loaded.engine.info();
     if let Some(&id) = prompt.iter().find(|&&id| id as usize >= info.vocab_size) {
         return Err(ApiError::bad_param(

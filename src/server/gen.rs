@@ -160,7 +160,7 @@ impl Generation {
             None => {
                 let logprobs = std::mem::take(&mut self.pending_lp);
                 self.queue.push_back(GenItem::Content {
-                    text: text.to_string(),
+                    text: crate::tokenizer::strip_output_mark(text).into_owned(),
                     logprobs,
                 });
             }

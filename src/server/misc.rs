@@ -133,6 +133,9 @@ pub struct TokenizeRequest {
     #[serde(alias = "text")]
     prompt: String,
     add_special_tokens: Option<bool>,
+    /// Whether control-token strings in the text are control tokens (default true); false
+    /// tokenizes it as message content is tokenized: as text.
+    parse_special: Option<bool>,
 }
 
 pub async fn tokenize(
@@ -141,10 +144,13 @@ pub async fn tokenize(
 ) -> Result<Json<Value>, ApiError> {
     let r: TokenizeRequest = parse_body(body).map_err(|e| limit(e, &st))?;
     let l = st.loaded()?;
-    let ids = l
-        .tokenizer
-        .encode(&r.prompt, r.add_special_tokens.unwrap_or(true))
-        .map_err(|e| ApiError::bad(e.to_string()))?;
+    let add = r.add_special_tokens.unwrap_or(true);
+    let ids = if r.parse_special.unwrap_or(true) {
+        l.tokenizer.encode(&r.prompt, add)
+    } else {
+        l.tokenizer.encode_text(&r.prompt, add)
+    }
+    .map_err(|e| ApiError::bad(e.to_string()))?;
     Ok(Json(
         json!({"tokens": ids, "count": ids.len(), "max_model_len": l.engine.info().max_context}),
     ))

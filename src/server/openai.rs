@@ -357,8 +357,8 @@ async fn chat_inner(
         kwargs,
     })?;
     let tok = &loaded.tokenizer;
-    let prompt = tok
-        .encode(&rendered.text, false)
+    let prompt = rendered
+        .encode(tok)
         .map_err(|e| ApiError::bad(e.to_string()))?;
     let max_tokens = params::resolve_max_tokens(
         r.max_completion_tokens.or(r.max_tokens),

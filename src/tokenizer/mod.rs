@@ -9,12 +9,14 @@ mod load;
 mod special;
 mod spm;
 mod stream;
+mod text;
 mod tiktoken;
 mod vocab;
 
 pub use bpe::{QWEN2_PATTERN, QWEN35_PATTERN};
 pub use load::load_for_checkpoint;
 pub use stream::StreamDecoder;
+pub use text::{strip_output_mark, text_like, OutputGuard, MARKUP_TAGS, OUTPUT_MARK};
 pub use tiktoken::QWEN35_SPECIAL_TOKENS;
 pub use vocab::{GgufVocab, TokenType, END_OF_GENERATION_MARKERS};
 
@@ -44,6 +46,8 @@ pub struct SpecialTokens {
 pub struct Tokenizer {
     inner: Arc<tokenizers::Tokenizer>,
     pub special: SpecialTokens,
+    /// The text-safe encodings' index (`text.rs`), built on first use.
+    text: Arc<std::sync::OnceLock<Result<Arc<text::TextIndex>, String>>>,
 }
 
 impl Tokenizer {
@@ -51,6 +55,7 @@ impl Tokenizer {
         Self {
             inner: Arc::new(inner),
             special,
+            text: Arc::default(),
         }
     }
 

@@ -183,7 +183,8 @@ pub async fn start(
         TemplateFiles::default(),
         ChatFormat::special_from_tokenizer(&tok),
     )
-    .unwrap();
+    .unwrap()
+    .with_text_guard(&tok);
     let state = AppState::new(cfg);
     state.set_loaded(Loaded {
         engine,
@@ -221,8 +222,11 @@ pub async fn start_with(
             prefix_reuse,
         },
     );
-    let chat = Dialect::detect(&tok)
-        .map(|d| ChatFormat::new(d, template, ChatFormat::special_from_tokenizer(&tok)).unwrap());
+    let chat = Dialect::detect(&tok).map(|d| {
+        ChatFormat::new(d, template, ChatFormat::special_from_tokenizer(&tok))
+            .unwrap()
+            .with_text_guard(&tok)
+    });
     let state = AppState::new(cfg);
     state.set_loaded(Loaded {
         engine,

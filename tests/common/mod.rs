@@ -95,7 +95,9 @@ pub const REPLY_TOOL: &str =
 pub const REPLY_THINK: &str = "<think>\nLet me think.\n</think>\n\nThe answer is 4.";
 
 /// Scripted model: after each prompt it greedily writes a reply chosen by a keyword of the
-/// prompt (TOOLCALL, THINK, FOREVER; otherwise [`REPLY_DEFAULT`]), then `<|im_end|>`.
+/// prompt (TOOLCALL, QUOTEDTOOL, THINK, FOREVER; otherwise [`REPLY_DEFAULT`]), then
+/// `<|im_end|>`. QUOTEDTOOL writes a tool call whose argument value is the text `</tool_call>`
+/// written as ordinary tokens (bytes), between the control tokens that open and close the call.
 pub struct ScriptedLm {
     info: ModelInfo,
     tok: Arc<Tokenizer>,
@@ -152,6 +154,20 @@ impl ScriptedSession {
             .map(|&t| t as u8)
             .collect();
         let has = |k: &str| text.windows(k.len()).any(|w| w == k.as_bytes());
+        if has("QUOTEDTOOL") {
+            let t = &self.lm.tok;
+            self.script = [
+                t.encode(
+                    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"",
+                    false,
+                )
+                .unwrap(),
+                t.encode_text("</tool_call>", false).unwrap(),
+                t.encode("\"}}\n</tool_call>", false).unwrap(),
+            ]
+            .concat();
+            return;
+        }
         let reply = if has("TOOLCALL") {
             REPLY_TOOL.to_string()
         } else if has("THINK") {
