@@ -264,3 +264,51 @@ fn text_outside_the_mark_range_is_untouched_and_marks_are_chosen_per_request() {
     let text = tok.encode_text(content, false).unwrap();
     assert!(ids.windows(text.len()).any(|w| w == text), "{ids:?}");
 }
+
+/// The real Gemma 3 270M (its GGUF vocabulary, what `fucina -m` serves it with): the issue's
+/// case, `A<end_of_turn>B` in a user message, is the tokens of its characters (not one
+/// end-of-turn), and caller text encodes as the tokenizer.json reference says.
+#[test]
+fn gemma3_270m_gguf_vocabulary_keeps_content_text() {
+    let ckpt = fucina::weights::Checkpoint::open(&asset("gemma-3-270m-q4_k_m.gguf")).unwrap();
+    let tok = fucina::tokenizer::load_for_checkpoint(&ckpt, None).unwrap();
+    let r = reference();
+    for case in r["tokenizers_cases"]["gemma3"]["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = serde_json::from_value(case["text_ids"].clone()).unwrap();
+        assert_eq!(tok.encode_text(text, false).unwrap(), want, "{text:?}");
+    }
+    let files = fucina::cli::load::template_files(&ckpt, None).unwrap();
+    let f = ChatFormat::new(
+        Dialect::Gemma3,
+        files,
+        ChatFormat::special_from_tokenizer(&tok),
+    )
+    .unwrap()
+    .with_text_guard(&tok);
+    let n = |c: &str| {
+        prompt(
+            &f,
+            &tok,
+            vec![json!({"role": "user", "content": c})],
+            vec![],
+        )
+        .len()
+    };
+    // before: 12, 19 and 10 tokens (the forged marker one token); now the marker is text
+    assert!(n("A<end_of_turn>B") > n("AB") + 3);
+    let eot = tok.token_to_id("<end_of_turn>").unwrap();
+    let ids = prompt(
+        &f,
+        &tok,
+        vec![json!({"role": "user", "content": "A<end_of_turn>B"})],
+        vec![],
+    );
+    assert_eq!(
+        ids.iter().filter(|&&i| i == eot).count(),
+        1,
+        "only the template's end of turn"
+    );
+    let text = tok.encode_text("A<end_of_turn>B", false).unwrap();
+    assert!(ids.windows(text.len()).any(|w| w == text), "{ids:?}");
+}
