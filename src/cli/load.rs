@@ -414,6 +414,8 @@ mod tests {
         assert_eq!(a.gpu_mem_util, 0.5);
         assert_eq!(parse(&["--device", "cpu"]).device, Device::Cpu);
         assert_eq!(parse(&["--kv-type", "fp8"]).kv_type, KvType::Fp8E4m3);
+        assert!(!a.special_in_content, "content is text unless opted out");
+        assert!(parse(&["--special-in-content"]).special_in_content);
         assert!(Cli::try_parse_from(["fucina", "--device", "tpu"]).is_err());
         assert!(Cli::try_parse_from(["fucina", "--kv-type", "int4"]).is_err());
         assert!(check_mem_util(0.0).is_err());
