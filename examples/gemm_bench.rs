@@ -122,7 +122,7 @@ fn main() -> Result<()> {
                     continue;
                 }
                 let ms = time_events(&dev, samples, || {
-                    Ok(dev.gemm_pipe_ptr(&g, t, p(&a), p(&w16), p(&c), (m, n, k), n)?)
+                    Ok(dev.gemm_pipe_ptr(&g, t, p(&a), p(&w16), p(&c), (m, n, k), n, None)?)
                 })?;
                 let mark = if Some(t) == pick { " *" } else { "" };
                 row(&format!("gemm_pipe {}{mark}", t.name()), ms);
@@ -156,7 +156,16 @@ fn main() -> Result<()> {
                             let cc = p(&c)
                                 .slice(r0, (m - 1) * n + rows)
                                 .ok_or_else(|| anyhow::anyhow!("c out of range"))?;
-                            dev.gemm_pipe_ptr(&g, t, p(&a), p(&scratch), cc, (m, rows, k), n)?;
+                            dev.gemm_pipe_ptr(
+                                &g,
+                                t,
+                                p(&a),
+                                p(&scratch),
+                                cc,
+                                (m, rows, k),
+                                n,
+                                None,
+                            )?;
                             r0 += rows;
                         }
                         Ok(())

@@ -92,6 +92,9 @@ key_enum! {
         L2Norm => "l2_norm",
         /// f32 activations to bf16 (the A operand of the tensor-core GEMM).
         CastBf16 => "cast_bf16",
+        /// f32 activations to f16 rows with a power-of-two scale per row (the A operand of the
+        /// f16 tensor-core GEMM: 11 significant bits where bf16 keeps 8).
+        CastF16 => "cast_f16",
         /// MoE router: softmax over experts, top-k, optional renormalisation, per token.
         MoeRoute => "moe_route",
         /// Grouped expert GEMV: per (token, slot) pair, the expert read from device memory.
@@ -100,8 +103,8 @@ key_enum! {
         MoeCombine => "moe_combine",
         /// A weight matrix in its stored format to row-major bf16 (the prefill GEMM's operand).
         DequantBf16 => "dequant_bf16",
-        /// Prefill GEMM over bf16 operands: multi-stage cp.async pipeline, mma.sync, several
-        /// tile shapes (suffixed entries).
+        /// Prefill GEMM over bf16 or f16 operands: multi-stage cp.async pipeline, mma.sync (and
+        /// wgmma on sm_90a), several tile shapes (suffixed entries), an optional scale per row.
         GemmPipe => "gemm_pipe",
         /// MoE prefill: (token, slot) pairs grouped by expert on the device (counts, offsets,
         /// permutation, row tiles) for the grouped expert GEMM.

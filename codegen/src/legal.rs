@@ -105,7 +105,8 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
         | Op::L2Norm
         | Op::AddRmsNorm
         | Op::NormAddRmsNorm
-        | Op::CastBf16 => {
+        | Op::CastBf16
+        | Op::CastF16 => {
             quant_in(key, &[Quant::F32])?;
             any_hd(key)?;
             any_bs(key)
@@ -192,7 +193,7 @@ pub fn check_legal(key: &KernelKey) -> Result<(), String> {
             any_bs(key)
         }
         Op::GemmPipe => {
-            quant_in(key, &[Quant::Bf16])?;
+            quant_in(key, &[Quant::Bf16, Quant::F16])?;
             any_hd(key)?;
             any_bs(key)
         }

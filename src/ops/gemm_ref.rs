@@ -1,7 +1,7 @@
-//! References of the prefill GEMM path over bf16 operands (`dequant_bf16`, `gemm_pipe`):
-//! a weight matrix dequantised and rounded to bf16, and the product of bf16 matrices in f64.
+//! References of the prefill GEMM path over bf16 / f16 operands (`dequant_bf16`, `gemm_pipe`):
+//! a weight matrix dequantised and rounded to bf16, and the product of 16-bit matrices in f64.
 
-use crate::quant::{bf16_to_f32, dequantize, GgmlType, QuantError};
+use crate::quant::{bf16_to_f32, dequantize, f16_to_f32, GgmlType, QuantError};
 
 /// `elements` values of `data` (stored as `ty`) as bf16 bits: the CPU dequantiser's f32 values
 /// rounded to nearest even (NaN stays NaN), what `dequant_bf16` must produce bit for bit.
@@ -16,12 +16,28 @@ pub fn dequant_bf16(ty: GgmlType, data: &[u8], elements: usize) -> Result<Vec<u1
 /// Rows `rows` of `A . W^T` for bf16 `a` `[m][k]` and `w` `[n][k]`, each dot product summed
 /// in f64 (exact products) and rounded once to f32: `[rows.len()][n]`.
 pub fn gemm_bf16(a: &[u16], w: &[u16], n: usize, k: usize, rows: &[usize]) -> Vec<f32> {
-    let wf: Vec<f64> = w[..n * k].iter().map(|&b| bf16_to_f32(b) as f64).collect();
+    gemm_16(a, w, n, k, rows, bf16_to_f32)
+}
+
+/// [`gemm_bf16`] over f16 operands.
+pub fn gemm_f16(a: &[u16], w: &[u16], n: usize, k: usize, rows: &[usize]) -> Vec<f32> {
+    gemm_16(a, w, n, k, rows, f16_to_f32)
+}
+
+fn gemm_16(
+    a: &[u16],
+    w: &[u16],
+    n: usize,
+    k: usize,
+    rows: &[usize],
+    to_f32: fn(u16) -> f32,
+) -> Vec<f32> {
+    let wf: Vec<f64> = w[..n * k].iter().map(|&b| to_f32(b) as f64).collect();
     let mut out = Vec::with_capacity(rows.len() * n);
     for &r in rows {
         let ar: Vec<f64> = a[r * k..(r + 1) * k]
             .iter()
-            .map(|&b| bf16_to_f32(b) as f64)
+            .map(|&b| to_f32(b) as f64)
             .collect();
         for j in 0..n {
             let wr = &wf[j * k..(j + 1) * k];

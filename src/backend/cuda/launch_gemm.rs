@@ -241,7 +241,12 @@ impl CudaDevice {
     /// memory limit raised (and the shared-memory carveout preferred, so two 64 KB CTAs share an
     /// SM on sm_90).
     pub fn gemm_pipe_kernels(&self) -> Result<GemmPipe, CudaError> {
-        let spec = self.resolve(Op::GemmPipe, Quant::Bf16, HeadDim::Any, BatchBucket::Any)?;
+        self.gemm_pipe_kernels_of(Quant::Bf16)
+    }
+
+    /// [`Self::gemm_pipe_kernels`] over operands of `quant` (bf16 or f16).
+    pub fn gemm_pipe_kernels_of(&self, quant: Quant) -> Result<GemmPipe, CudaError> {
+        let spec = self.resolve(Op::GemmPipe, quant, HeadDim::Any, BatchBucket::Any)?;
         self.gemm_pipe_of(spec)
     }
 
@@ -329,8 +334,12 @@ impl CudaDevice {
         c: DevPtr<f32>,
         (m, n, k): (usize, usize, usize),
         ldc: usize,
+        rs: Option<DevPtr<f32>>,
     ) -> Result<(), CudaError> {
         const OP: &str = "gemm_pipe";
+        if rs.is_some_and(|r| r.len() < m) {
+            return Err(invalid(OP, format!("{m} rows with fewer row scales")));
+        }
         let f = g.fns[tile.index()]
             .as_ref()
             .ok_or_else(|| invalid(OP, format!("tile {} does not fit this device", tile.name())))?;
@@ -370,6 +379,7 @@ impl CudaDevice {
             shared_mem_bytes: tile.smem_bytes(g.stages) as u32,
         };
         let (ap, wp, cp) = (a.raw(), w.raw(), c.raw());
+        let rsp = rs.map_or(0, |r| r.raw());
         let mut b = self.stream().launch_builder(f);
         b.arg(&ap)
             .arg(&wp)
@@ -377,10 +387,12 @@ impl CudaDevice {
             .arg(&mi)
             .arg(&ni)
             .arg(&ki)
-            .arg(&ldci);
+            .arg(&ldci)
+            .arg(&rsp);
         // SAFETY: matches ops/gemm_pipe (const u16* A, const u16* W, float* C, int M, int N,
-        // int K, int ldc); a holds m*k, w n*k values and c (m-1)*ldc + n floats (checked above);
-        // the kernel reads only rows < M / N and columns < K, writes only (i < m, j < n).
+        // int K, int ldc, const float* rs); a holds m*k, w n*k values, c (m-1)*ldc + n floats
+        // and rs (null or) m scales (checked above); the kernel reads only rows < M / N and
+        // columns < K, writes only (i < m, j < n).
         unsafe { b.launch(cfg) }.map_err(drv(format!(
             "launching {} ({})",
             g.spec.name,

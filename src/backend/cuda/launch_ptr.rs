@@ -548,6 +548,46 @@ impl CudaDevice {
         self.go(k, cfg, &[&xp, &yp, &n])
     }
 
+    /// `x` (`rows` rows of `cols`) to f16 rows `y` with a power-of-two scale per row into `rs`
+    /// (`ops/cast_f16`: the f16 gemm_pipe's A operand and its row scales).
+    pub fn cast_f16_ptr(
+        &self,
+        k: &Kern,
+        x: DevPtr<f32>,
+        y: DevPtr<u16>,
+        rs: DevPtr<f32>,
+        (rows, cols): (usize, usize),
+    ) -> Result<(), CudaError> {
+        const OP: &str = "cast_f16";
+        expect(k, &[Op::CastF16], OP)?;
+        if x.len() < rows * cols || y.len() < rows * cols || rs.len() < rows {
+            return Err(invalid(
+                OP,
+                format!(
+                    "{rows} x {cols}: x {} y {} rs {}",
+                    x.len(),
+                    y.len(),
+                    rs.len()
+                ),
+            ));
+        }
+        if rows == 0 || cols == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32::try_from(rows).map_err(|_| invalid(OP, "rows".into()))?,
+                1,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xp, yp, rp, c) = (x.raw(), y.raw(), rs.raw(), int(OP, "cols", cols)?);
+        // (const float* x, u16* y, float* rs, int cols): sizes checked above
+        self.go(k, cfg, &[&xp, &yp, &rp, &c])
+    }
+
     /// Quantise `x` (a multiple of 32 values) into `xq` (int8) and `xds` (2 floats per 32).
     pub fn quantize_q8_ptr(
         &self,

@@ -1,20 +1,30 @@
-//! Multi-stage bf16 GEMM (`gemm_pipe`, every tile entry the device fits) vs an f64 CPU product
-//! of the same bf16 operands (`ops::gemm_ref::gemm_bf16`). Edge shapes: M = 1, 17, 129, 300
-//! (partial M tiles), N = 320 / 319 (partial N tiles, an odd N with a wider row stride whose
-//! extra columns must stay untouched), K = 1000 (a partial last K step) and 4096; plus
-//! 512 x 4096 x 4096 with the tile `GemmPipe::pick` chooses, checked on 24 spread rows and timed.
+//! Multi-stage bf16 / f16 GEMM (`gemm_pipe`, every tile entry the device fits) vs an f64 CPU
+//! product of the same operands (`ops::gemm_ref::gemm_bf16` / `gemm_f16`), with and without row
+//! scales. Edge shapes: M = 1, 17, 129, 300 (partial M tiles), N = 320 / 319 (partial N tiles,
+//! an odd N with a wider row stride whose extra columns must stay untouched), K = 1000 (a
+//! partial last K step) and 4096; plus 512 x 4096 x 4096 with the tile `GemmPipe::pick`
+//! chooses, checked on 24 spread rows and timed.
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::{CudaError, DevPtr, GemmTile};
-use crate::kernels::{KernelKey, KernelSpec, Op};
-use crate::ops::gemm_ref::gemm_bf16;
+use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
+use crate::ops::gemm_ref::{gemm_bf16, gemm_f16};
+
 use rand::Rng;
 
 pub struct GemmPipeCheck;
 
-fn bf16s(rng: &mut impl Rng, n: usize) -> Vec<u16> {
+/// `n` values in [-0.5, 0.5) as bf16 or f16 bits.
+fn operand(rng: &mut impl Rng, n: usize, f16: bool) -> Vec<u16> {
     (0..n)
-        .map(|_| half::bf16::from_f32(rng.random::<f32>() - 0.5).to_bits())
+        .map(|_| {
+            let v = rng.random::<f32>() - 0.5;
+            if f16 {
+                half::f16::from_f32(v).to_bits()
+            } else {
+                half::bf16::from_f32(v).to_bits()
+            }
+        })
         .collect()
 }
 
@@ -30,6 +40,8 @@ impl KernelCheck for GemmPipeCheck {
     }
     fn run(&self, cx: &mut CheckCtx<'_>, spec: &'static KernelSpec) -> Result<Measured, CudaError> {
         let g = cx.dev.gemm_pipe_of(spec)?;
+        let f16 = spec.key.quant == Quant::F16;
+        let product = if f16 { gemm_f16 } else { gemm_bf16 };
         let mut cmp = Comparison::default();
         // (m, n, k, ldc)
         let shapes: [(usize, usize, usize, usize); 5] = [
@@ -39,11 +51,20 @@ impl KernelCheck for GemmPipeCheck {
             (300, 320, 1000, 320),
             (64, 256, 512, 256),
         ];
-        for (m, n, k, ldc) in shapes {
-            let a = bf16s(&mut cx.rng, m * k);
-            let w = bf16s(&mut cx.rng, n * k);
+        for (i, (m, n, k, ldc)) in shapes.into_iter().enumerate() {
+            let a = operand(&mut cx.rng, m * k, f16);
+            let w = operand(&mut cx.rng, n * k, f16);
             let rows: Vec<usize> = (0..m).collect();
-            let want = gemm_bf16(&a, &w, n, k, &rows);
+            let mut want = product(&a, &w, n, k, &rows);
+            // every other shape with row scales 2^(r mod 9 - 4) (exact: powers of two)
+            let scales: Option<Vec<f32>> =
+                (i % 2 == 1).then(|| (0..m).map(|r| ((r % 9) as f32 - 4.0).exp2()).collect());
+            if let Some(s) = &scales {
+                want.iter_mut()
+                    .enumerate()
+                    .for_each(|(e, v)| *v *= s[e / n]);
+            }
+            let drs = scales.as_ref().map(|s| cx.dev.upload(s)).transpose()?;
             let (da, dw) = (cx.dev.upload(&a)?, cx.dev.upload(&w)?);
             for tile in GemmTile::ALL {
                 if !g.has(tile) {
@@ -58,6 +79,7 @@ impl KernelCheck for GemmPipeCheck {
                     DevPtr::of(&dc),
                     (m, n, k),
                     ldc,
+                    drs.as_ref().map(DevPtr::of),
                 )?;
                 let got = cx.dev.download(&dc)?;
                 let body: Vec<f32> = (0..m)
@@ -80,10 +102,10 @@ impl KernelCheck for GemmPipeCheck {
         }
         // the prefill shape, with the tile the backend would pick
         let (m, n, k) = (512usize, 4096usize, 4096usize);
-        let a = bf16s(&mut cx.rng, m * k);
-        let w = bf16s(&mut cx.rng, n * k);
+        let a = operand(&mut cx.rng, m * k, f16);
+        let w = operand(&mut cx.rng, n * k, f16);
         let rows: Vec<usize> = (0..24).map(|i| i * (m - 1) / 23).collect();
-        let want = gemm_bf16(&a, &w, n, k, &rows);
+        let want = product(&a, &w, n, k, &rows);
         let (da, dw) = (cx.dev.upload(&a)?, cx.dev.upload(&w)?);
         let dc = cx.dev.filled_f32(m * n, f32::NAN)?;
         let tile = g.pick(m, n).ok_or_else(|| CudaError::Invalid {
@@ -91,7 +113,8 @@ impl KernelCheck for GemmPipeCheck {
             detail: "gemm_pipe: no usable tile".into(),
         })?;
         let (pa, pw, pc) = (DevPtr::of(&da), DevPtr::of(&dw), DevPtr::of(&dc));
-        cx.dev.gemm_pipe_ptr(&g, tile, pa, pw, pc, (m, n, k), n)?;
+        cx.dev
+            .gemm_pipe_ptr(&g, tile, pa, pw, pc, (m, n, k), n, None)?;
         let got = cx.dev.download(&dc)?;
         let got_rows: Vec<f32> = rows
             .iter()
@@ -104,7 +127,7 @@ impl KernelCheck for GemmPipeCheck {
         });
         let dev = cx.dev;
         let micros = time_us(dev, cx.iters, || {
-            dev.gemm_pipe_ptr(&g, tile, pa, pw, pc, (m, n, k), n)
+            dev.gemm_pipe_ptr(&g, tile, pa, pw, pc, (m, n, k), n, None)
         })?;
         Ok(Measured { cmp, micros })
     }

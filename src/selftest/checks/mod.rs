@@ -5,6 +5,7 @@ mod attn_decode;
 mod attn_prefill;
 pub(super) mod attn_prep;
 mod cast_bf16;
+mod cast_f16;
 mod convert;
 mod dequant_bf16;
 mod embed;
@@ -84,6 +85,7 @@ pub fn all() -> Vec<&'static dyn KernelCheck> {
         &ewise::EwiseCheck,
         &l2_norm::L2NormCheck,
         &cast_bf16::CastBf16Check,
+        &cast_f16::CastF16Check,
         &moe::MoeRouteCheck,
         &moe::MoeGemvCheck,
         &moe::MoeCombineCheck,

@@ -87,7 +87,7 @@ impl CudaBackend {
             return self.gemv_rows(x.ptr(), n, v.data, v.quant, (out, k), q8);
         }
         // narrow float projections (MoE routers) in f32: see ROUTER_MAX_OUT
-        let exact = out <= ROUTER_MAX_OUT && v.quant == Quant::Bf16;
+        let exact = out <= ROUTER_MAX_OUT && matches!(v.quant, Quant::Bf16 | Quant::F16);
         if !exact {
             if let Some(y) = self.linear_pipe(x, &v, super::linear_pipe::gemm_scratch_bytes())? {
                 return Ok(y);

@@ -39,11 +39,12 @@ pub fn gemm_scratch_bytes() -> usize {
     })
 }
 
-/// Whether `q` has a `gemm_pipe` path (bf16 in place, or through `dequant_bf16`).
+/// Whether `q` has a `gemm_pipe` path (bf16 or f16 in place, or through `dequant_bf16`).
 pub(crate) fn has_pipe(q: Quant) -> bool {
     matches!(
         q,
         Quant::Bf16
+            | Quant::F16
             | Quant::Q8_0
             | Quant::Q8_0R
             | Quant::Q4_0
@@ -65,6 +66,13 @@ impl CudaBackend {
             .as_ref()
     }
 
+    /// The f16 `gemm_pipe` kernels (f16 weights), loaded once.
+    pub(crate) fn gemm_pipe_f16(&self) -> Option<&GemmPipe> {
+        self.gemm_pipe_f16
+            .get_or_init(|| self.dev.gemm_pipe_kernels_of(Quant::F16).ok())
+            .as_ref()
+    }
+
     /// `x @ w^T` through `gemm_pipe` with at most `scratch_cap` bytes of bf16 weight scratch, or
     /// None when this weight / shape has no such path (the caller falls back).
     pub(super) fn linear_pipe(
@@ -77,10 +85,15 @@ impl CudaBackend {
         if !has_pipe(v.quant) || n == 0 || k % 8 != 0 || out % 2 != 0 || v.data.raw() % 16 != 0 {
             return Ok(None);
         }
-        let Some(g) = self.gemm_pipe() else {
+        let g = if v.quant == Quant::F16 {
+            self.gemm_pipe_f16()
+        } else {
+            self.gemm_pipe()
+        };
+        let Some(g) = g else {
             return Ok(None);
         };
-        let deq = if v.quant == Quant::Bf16 {
+        let deq = if matches!(v.quant, Quant::Bf16 | Quant::F16) {
             None
         } else {
             match self.kern(Op::DequantBf16, v.quant, BatchBucket::Any) {
@@ -92,8 +105,16 @@ impl CudaBackend {
         if k % be != 0 {
             return Ok(None);
         }
-        // activations to bf16 (or the copy their producer wrote)
-        let (_a, a16) = self.bf16_activations(x)?;
+        // activations to bf16 (or the copy their producer wrote); f16 with row scales for f16
+        // weights
+        let (_a, a16, rs) = if v.quant == Quant::F16 {
+            let (a, rs, a16) = self.f16_activations(x)?;
+            (Some(a), a16, Some(rs))
+        } else {
+            let (a, a16) = self.bf16_activations(x)?;
+            (a, a16, None)
+        };
+        let rsp = rs.as_ref().map(|r| r.f32());
         let c = self.pool.alloc(n * out * 4)?;
         let call = slice(c.f32(), n * out)?;
         let launch = |w16: DevPtr<u16>, c0: usize, rows: usize| -> Result<()> {
@@ -102,7 +123,7 @@ impl CudaBackend {
                 .ok_or_else(|| BackendError::Device("gemm_pipe: no usable tile".into()))?;
             let cp = sub(call, c0, (n - 1) * out + rows)?;
             self.dev
-                .gemm_pipe_ptr(g, tile, a16, w16, cp, (n, rows, k), out)?;
+                .gemm_pipe_ptr(g, tile, a16, w16, cp, (n, rows, k), out, rsp)?;
             Ok(())
         };
         match deq {
@@ -132,6 +153,19 @@ impl CudaBackend {
             }
         }
         Ok(Some(GpuTensor::new(c, n, out)))
+    }
+
+    /// The f16 form of `x` (`[n][k]`, `cast_f16`): the f16 rows, their scales, and a pointer to
+    /// the rows.
+    pub(super) fn f16_activations(&self, x: &GpuTensor) -> Result<(DevBuf, DevBuf, DevPtr<u16>)> {
+        let len = x.rows * x.cols;
+        let a = self.pool.alloc(len * 2)?;
+        let rs = self.pool.alloc(x.rows * 4)?;
+        let a16 = slice(a.ptr::<u16>(), len)?;
+        let cast = self.kern(Op::CastF16, Quant::F32, BatchBucket::Any)?;
+        self.dev
+            .cast_f16_ptr(&cast, x.ptr(), a16, rs.f32(), (x.rows, x.cols))?;
+        Ok((a, rs, a16))
     }
 
     /// The bf16 form of `x` (`[n][k]`): its side-car when it carries one, else a `cast_bf16`
@@ -202,6 +236,7 @@ mod tests {
         // chunking a small cap: 512 rows of 1024 per 1 MiB
         let r = chunk_rows(1000, 1024, 1 << 20);
         assert!(r % 128 == 0 && r * 1024 * 2 <= 1 << 20 && 1000usize.div_ceil(r) == 2);
-        assert!(has_pipe(Quant::Q4K) && has_pipe(Quant::Bf16) && !has_pipe(Quant::F16));
+        assert!(has_pipe(Quant::Q4K) && has_pipe(Quant::Bf16) && has_pipe(Quant::F16));
+        assert!(!has_pipe(Quant::F32));
     }
 }

@@ -62,6 +62,7 @@ pub struct CudaBackend {
     kernels: Mutex<HashMap<(Op, Quant, BatchBucket), Kern>>,
     /// The prefill GEMM's tile entries, loaded on first use (None: not on this device).
     gemm_pipe: std::sync::OnceLock<Option<super::GemmPipe>>,
+    gemm_pipe_f16: std::sync::OnceLock<Option<super::GemmPipe>>,
     /// Their int8 side-car entries (`__q8`) by op (rmsnorm, geglu, swiglu: f32 instances).
     kernels_q8: Mutex<HashMap<Op, KernQ8>>,
     /// Extra entries (`__<suffix>`: the multi-row forms) by (op, quant, suffix).
@@ -192,6 +193,7 @@ impl CudaBackend {
             sms,
             kernels: Mutex::new(HashMap::new()),
             gemm_pipe: std::sync::OnceLock::new(),
+            gemm_pipe_f16: std::sync::OnceLock::new(),
             kernels_q8: Mutex::new(HashMap::new()),
             kernels_entry: Mutex::new(HashMap::new()),
             step: Mutex::new(StepState::default()),

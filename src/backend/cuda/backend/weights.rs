@@ -1,7 +1,9 @@
 //! Weight upload: checkpoint tensors to the device in their stored format (GGUF blocks and
 //! F32/F16/BF16 elements as they are), with host conversion only where no kernel reads the
 //! format: other GGML block types become F16, block-scaled FP8 becomes BF16 (no FP8 GEMV yet),
-//! 1-D weights (norms, scalars) become f32. NVFP4 is refused. Q8_0 / Q4_0 / Q4_K matrices whose rows
+//! 1-D weights (norms, scalars) become f32, BF16 matrices whose values fit f16's range become F16
+//! (the prefill GEMM then keeps 11 significant bits of each activation: `gemm_pipe` f16). NVFP4
+//! is refused. Q8_0 / Q4_0 / Q4_K matrices whose rows
 //! are whole 256-element groups (Q6_K: 2048, and at most 65536 rows) are repacked within each row on the way (`q8_0r`,
 //! `q4_0r`, `q4_kr`, `q6_kr`, src/quant/repack.rs: the same bytes, so no second copy;
 //! `FUCINA_REPACK=0` keeps the GGUF layout).
@@ -105,6 +107,23 @@ pub(crate) fn plan(format: TensorFormat, shape: &[usize], repack: bool) -> Plan 
         TensorFormat::Fp8 { .. } => Plan::ToBf16,
         TensorFormat::NvFp4 => unreachable!("handled above"),
     }
+}
+
+/// Whether every value of the BF16 elements `data` is finite and at most f16's largest (65504)
+/// in magnitude, so that the matrix converts to f16 exactly (8 significant bits in 11) but for
+/// values under 2^-14, which round to f16's subnormal grid (an absolute error of at most 2^-25).
+fn bf16_fits_f16(data: &[u8]) -> bool {
+    // |b| <= 0x477f (65280, the largest bf16 value below 65504): exponent and mantissa bits
+    data.chunks_exact(2)
+        .all(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7fff <= 0x477f)
+}
+
+/// Token-embedding tables (GGUF `token_embd`, `per_layer_token_embd`; HF `embed_tokens`,
+/// `embed_tokens_per_layer`) stay BF16: a gather reads them as they are, so f16 would only
+/// round their smallest values to its subnormal grid. (A tied table is also the LM head, which
+/// a prefill runs on its last rows only, through the GEMV.)
+fn is_embedding_table(name: &str) -> bool {
+    name.contains("token_embd") || name.contains("embed_tokens")
 }
 
 /// Bytes of `w` stored as `q`: whole blocks per row, and the tensor's data long enough.
@@ -250,6 +269,14 @@ impl CudaBackend {
                 let buf = self.upload_repacked(w, r)?;
                 Ok(weight(buf, r, None))
             }
+            Plan::AsIs(Quant::Bf16)
+                if w.shape.len() == 2
+                    && !is_embedding_table(&w.name)
+                    && bf16_fits_f16(&w.data[..(2 * numel).min(w.data.len())]) =>
+            {
+                let buf = self.upload_converted(w, |v| half::f16::from_f32(v).to_bits())?;
+                Ok(weight(buf, Quant::F16, None))
+            }
             Plan::AsIs(q) => {
                 let bytes = stored_bytes(w, q)?;
                 let buf = self.alloc_weight(bytes)?;
@@ -292,6 +319,44 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn embedding_tables_by_name() {
+        for n in [
+            "token_embd.weight",
+            "per_layer_token_embd.weight",
+            "model.embed_tokens.weight",
+            "model.language_model.embed_tokens_per_layer.weight",
+        ] {
+            assert!(is_embedding_table(n), "{n}");
+        }
+        for n in ["output.weight", "lm_head.weight", "blk.0.attn_q.weight"] {
+            assert!(!is_embedding_table(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn bf16_matrices_within_f16_range_convert() {
+        let bytes = |v: &[f32]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes())
+                .collect()
+        };
+        assert!(bf16_fits_f16(&bytes(&[
+            0.0, -0.0, 1e-9, -3.5, 65280.0, -65280.0
+        ])));
+        // 65536 is the next bf16 value: past f16's 65504
+        assert!(!bf16_fits_f16(&bytes(&[1.0, 65536.0])));
+        assert!(!bf16_fits_f16(&bytes(&[f32::INFINITY])));
+        assert!(!bf16_fits_f16(&bytes(&[f32::NAN])));
+        // every value in range converts exactly when at least 2^-14
+        for b in 0u16..=0x477f {
+            let v = half::bf16::from_bits(b).to_f32();
+            if v >= 2f32.powi(-14) {
+                assert_eq!(half::f16::from_f32(v).to_f32(), v, "{b:#x}");
+            }
+        }
+    }
 
     #[test]
     fn storage_plans() {
