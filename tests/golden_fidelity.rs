@@ -11,11 +11,17 @@ use fucina::backend::cpu::CpuBackend;
 use fucina::backend::{KvType, Need};
 use fucina::selftest::fidelity::{check_case, fidelity_root, format_rows, load_cases, refused_row};
 
+/// The table, and how many rows fail the case bound or exceed the plain 0.05 (every
+/// case's bound is at least that; HF's own bf16 deviation widens some, but the CPU reference
+/// needs none of it).
 fn run(kv: KvType) -> (String, usize) {
     let cases = load_cases(&fidelity_root()).expect("fidelity cases");
     let be = Arc::new(CpuBackend::new().with_kv_type(kv));
     let rows: Vec<_> = cases.iter().map(|c| check_case(c, be.clone())).collect();
-    let failed = rows.iter().filter(|r| !r.pass).count();
+    let failed = rows
+        .iter()
+        .filter(|r| !r.pass || r.max_dlp > fucina::selftest::fidelity::LOGPROB_BOUND)
+        .count();
     let steps: usize = rows.iter().map(|r| r.steps).sum();
     let table = format_rows(&format!("CPU, KV {kv}"), &rows);
     assert!(
@@ -24,7 +30,7 @@ fn run(kv: KvType) -> (String, usize) {
         cases.len()
     );
     assert!(
-        steps >= 8 * 3 * 3,
+        steps >= 8 * 3 * 10,
         "too few steps compared: {steps}\n{table}"
     );
     (table, failed)
