@@ -43,7 +43,7 @@ pub const DEFAULT_MODEL_PARTS: [(&str, &str); 4] = [
 
 #[derive(Debug, thiserror::Error)]
 pub enum AssetError {
-    #[error("no cache directory on this system; set FUCINA_MODELS_DIR or pass -m")]
+    #[error("no cache directory on this system; pass --models-dir (FUCINA_MODELS_DIR) or -m")]
     NoCacheDir,
     #[error("{path}: {source}")]
     Io { path: String, source: io::Error },
@@ -321,10 +321,19 @@ fn assemble(
     Ok(dest.to_path_buf())
 }
 
-/// `$FUCINA_MODELS_DIR`, else `<cache dir>/fucina/models`.
+/// `--models-dir` (see [`set_models_dir`]).
+static MODELS_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Where downloaded models go (the CLI's `--models-dir`, env `FUCINA_MODELS_DIR`); set once at
+/// start-up, before anything is fetched.
+pub fn set_models_dir(dir: PathBuf) {
+    let _ = MODELS_DIR.set(dir);
+}
+
+/// `--models-dir`, else `<cache dir>/fucina/models`.
 pub fn models_dir() -> Result<PathBuf, AssetError> {
-    if let Some(d) = std::env::var_os("FUCINA_MODELS_DIR") {
-        return Ok(PathBuf::from(d));
+    if let Some(d) = MODELS_DIR.get() {
+        return Ok(d.clone());
     }
     dirs::cache_dir()
         .map(|d| d.join("fucina").join("models"))

@@ -19,4 +19,5 @@ pub mod quant;
 pub mod selftest;
 pub mod server;
 pub mod tokenizer;
+pub mod tuning;
 pub mod weights;

@@ -12,29 +12,14 @@ use crate::model::registry::{load_model, LoadOptions};
 use crate::model::{CausalLm, Logits, Session};
 use crate::weights::Checkpoint;
 
-/// Before each decode measurement: `FUCINA_BENCH_PAUSE_MS=N` waits N ms (a measurement aid: on
-/// the H200 a decode at depth 0 measured right after the 512- and 4096-token prefills runs about
-/// 1% slower than one measured alone; a 3 s pause recovers 0.7% of it, freeing the pool's cached
-/// buffers none: session 26).
-fn pause_before_decode() {
-    let pause = std::env::var("FUCINA_BENCH_PAUSE_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok());
-    if let Some(ms) = pause {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-    }
-}
-
-/// `FUCINA_BENCH_STEP_TIMES=1` (a measurement aid): the host time of every timed decode step,
-/// summarised as quantiles and the slowest steps, to tell a steady per-step cost from a few slow
-/// steps.
+/// `--step-times`: the host time of every timed decode step, summarised as quantiles and the
+/// slowest steps, to tell a steady per-step cost from a few slow steps.
 struct StepTimes {
     ends: Option<Vec<Instant>>,
 }
 
 impl StepTimes {
-    fn from_env(n: usize) -> Self {
-        let on = std::env::var("FUCINA_BENCH_STEP_TIMES").is_ok_and(|v| v != "0");
+    fn new(on: bool, n: usize) -> Self {
         StepTimes {
             ends: on.then(|| Vec::with_capacity(n)),
         }
@@ -88,7 +73,7 @@ pub trait Probe {
     /// Wait until the device has run everything queued, so that a measurement starts from an
     /// idle device: a session that decoded pipelined leaves its next step queued when it ends
     /// (the warm-up's ran into the 512-token prefill once dropping a sampler stopped
-    /// synchronising the device: session 34).
+    /// synchronising the device).
     fn idle(&self) -> Result<()> {
         Ok(())
     }
@@ -102,6 +87,10 @@ pub struct Plan {
     pub depths: Vec<usize>,
     pub bw_bytes: usize,
     pub seed: u64,
+    /// Milliseconds to wait before each decode measurement (`--pause-ms`).
+    pub pause_ms: u64,
+    /// Log each timed decode step's host time summary (`--step-times`).
+    pub step_times: bool,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -265,7 +254,11 @@ pub fn run<B: Backend>(
     let mut dec = Vec::new();
     for &d in &plan.depths {
         probe.idle()?;
-        pause_before_decode();
+        if plan.pause_ms > 0 {
+            // on the H200 a decode at depth 0 measured right after the prefills ran ~1% slower
+            // than one measured alone; a 3 s pause recovered 0.7% of it
+            std::thread::sleep(std::time::Duration::from_millis(plan.pause_ms));
+        }
         let mut s = model.clone().new_session();
         let mut t = if d > 0 {
             let l = s.forward(&ids(d, info.vocab_size, &mut rng), false)?;
@@ -283,7 +276,7 @@ pub fn run<B: Backend>(
         for _ in 0..2 {
             t = s.forward_sample(&[t], sampler.as_mut(), &[])?;
         }
-        let mut steps = StepTimes::from_env(plan.decode_tokens);
+        let mut steps = StepTimes::new(plan.step_times, plan.decode_tokens);
         let t0 = Instant::now();
         for _ in 0..plan.decode_tokens {
             t = s.forward_sample(&[t], sampler.as_mut(), &[])?;

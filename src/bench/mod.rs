@@ -73,6 +73,12 @@ pub struct BenchArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Wait this many milliseconds before each decode measurement.
+    #[arg(long = "pause-ms", default_value_t = 0)]
+    pub pause_ms: u64,
+    /// Log a summary of every timed decode step's host time (quantiles, slowest steps).
+    #[arg(long = "step-times")]
+    pub step_times: bool,
 }
 
 /// The file to measure: `--model`, or the synthesised one (written unless present).
@@ -147,7 +153,10 @@ pub fn run(a: &BenchArgs) -> Result<Option<Report>> {
         depths: a.depths.clone(),
         bw_bytes: a.bw_bytes,
         seed: a.seed,
+        pause_ms: a.pause_ms,
+        step_times: a.step_times,
     };
+    log(&crate::tuning::get().to_string());
     use crate::cli::args::Device;
     let device = match a.device {
         Device::Auto if crate::backend::cuda::cuda_available() => Device::Cuda,
@@ -174,6 +183,7 @@ pub fn run(a: &BenchArgs) -> Result<Option<Report>> {
         }
     };
     println!("{}", table(&report));
+    println!("{}", crate::tuning::get());
     if let Some(j) = &a.json {
         std::fs::write(j, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", j.display()))?;

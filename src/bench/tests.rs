@@ -324,6 +324,8 @@ fn run_cpu(
         depths,
         bw_bytes,
         seed,
+        pause_ms: 0,
+        step_times: false,
     };
     measure::run(path, Arc::new(CpuBackend::new()), probe, &plan, &mut |_| {}).unwrap()
 }

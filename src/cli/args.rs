@@ -15,6 +15,16 @@ pub struct Cli {
     pub command: Option<Command>,
     #[command(flatten)]
     pub run: RunArgs,
+    /// Log more: the tuning settings in effect (src/tuning.rs) and debug messages.
+    #[arg(short = 'v', long, global = true)]
+    pub verbose: bool,
+    /// Run every decode step as separate launches instead of replaying a recorded CUDA graph
+    /// (slower; to tell a graph problem from a kernel problem).
+    #[arg(long = "no-graphs", global = true, env = "FUCINA_NO_GRAPHS")]
+    pub no_graphs: bool,
+    /// Where downloaded models are kept (default: <cache dir>/fucina/models).
+    #[arg(long = "models-dir", global = true, env = "FUCINA_MODELS_DIR")]
+    pub models_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

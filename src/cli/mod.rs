@@ -22,13 +22,29 @@ use crate::server::{AppState, Loaded, ServerConfig};
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    let level = if cli.verbose {
+        "info,fucina=debug"
+    } else {
+        "info"
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .with_writer(std::io::stderr)
         .try_init();
+    let tuning = crate::tuning::Tuning {
+        graphs: !cli.no_graphs,
+        ..crate::tuning::Tuning::from_env()
+    };
+    crate::tuning::init(tuning);
+    if let Some(d) = &cli.models_dir {
+        crate::assets::set_models_dir(d.clone());
+    }
+    if cli.verbose {
+        tracing::info!("{}", crate::tuning::get());
+    }
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {

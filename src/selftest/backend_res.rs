@@ -5,7 +5,7 @@
 //! The deferred consumers read the int8 blocks of s * w (times rstd on their dots), where the
 //! composition quantises s * rstd * w: a value can round the other way where the two quotients
 //! straddle a half, and one such value moves a GLU output by up to ~1e-2 of the outputs' RMS
-//! (session 29: one case's random row did). So the references run the consumers over the row
+//! (one case's random row did). So the references run the consumers over the row
 //! the deferred path reads ([`deferred_row`], from its own s), not over the composition's.
 //!
 //! Bounds:

@@ -56,6 +56,12 @@ pub struct SelftestArgs {
     /// Skip the whole-model checks (golden models and Gemma 3 270M, GPU against CPU).
     #[arg(long)]
     pub skip_models: bool,
+    /// The golden model cases (default: the source tree's golden/models, else ./golden/models).
+    #[arg(long = "golden-dir", env = "FUCINA_GOLDEN_DIR")]
+    pub golden_dir: Option<std::path::PathBuf>,
+    /// A folder holding the Gemma 3 270M GGUF (default: the model cache, fetched when absent).
+    #[arg(long = "assets-dir", env = "FUCINA_TEST_ASSETS")]
+    pub assets_dir: Option<std::path::PathBuf>,
     /// Instead of the tables: run this model op by op on the GPU and the CPU at once and report
     /// where their outputs depart (a checkpoint, or a `golden/fidelity/<case>` folder, whose
     /// longest prompt and HF greedy tokens are then used).
@@ -88,6 +94,8 @@ impl Default for SelftestArgs {
             generic: false,
             strict_kernels: false,
             skip_models: false,
+            golden_dir: None,
+            assets_dir: None,
             bisect: None,
             bisect_tokens: Vec::new(),
             bisect_steps: 3,
@@ -112,6 +120,7 @@ pub struct Row {
 
 /// Run the selftest; prints the table to stdout. `Ok(false)` when any instance fails.
 pub fn run(args: &SelftestArgs) -> anyhow::Result<bool> {
+    models::set_dirs(args.golden_dir.clone(), args.assets_dir.clone());
     if !cuda_available() {
         anyhow::bail!("no CUDA driver or GPU found (libcuda.so.1 not loadable, or no device): selftest needs a GPU");
     }

@@ -357,11 +357,19 @@ fn reference_name<R: Backend>(r: &Arc<R>) -> &'static str {
     r.name()
 }
 
-/// The golden cases: `$FUCINA_GOLDEN_DIR`, else the source tree's golden/models, else
+/// `selftest --golden-dir` and `--assets-dir` (set once, before the checks run).
+static DIRS: std::sync::OnceLock<(Option<PathBuf>, Option<PathBuf>)> = std::sync::OnceLock::new();
+
+/// Where [`golden_root`] and [`gemma3_270m_path`] look first.
+pub fn set_dirs(golden: Option<PathBuf>, assets: Option<PathBuf>) {
+    let _ = DIRS.set((golden, assets));
+}
+
+/// The golden cases: `--golden-dir`, else the source tree's golden/models, else
 /// ./golden/models.
 pub fn golden_root() -> PathBuf {
-    if let Some(d) = std::env::var_os("FUCINA_GOLDEN_DIR") {
-        return PathBuf::from(d);
+    if let Some(d) = DIRS.get().and_then(|d| d.0.clone()) {
+        return d;
     }
     let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/models");
     if built.is_dir() {
@@ -468,10 +476,10 @@ pub fn check_gemma3_270m<T: Backend, R: Backend>(
     run().unwrap_or_else(|e| ModelRow::failed(name.clone(), e))
 }
 
-/// The Gemma 3 270M file: in `$FUCINA_TEST_ASSETS` if there, else the default model (fetched).
+/// The Gemma 3 270M file: in `--assets-dir` if there, else the default model (fetched).
 pub fn gemma3_270m_path() -> Result<PathBuf, String> {
-    if let Some(d) = std::env::var_os("FUCINA_TEST_ASSETS") {
-        let p = Path::new(&d).join(crate::assets::DEFAULT_MODEL_FILE);
+    if let Some(d) = DIRS.get().and_then(|d| d.1.clone()) {
+        let p = d.join(crate::assets::DEFAULT_MODEL_FILE);
         if p.is_file() {
             return Ok(p);
         }
@@ -682,6 +690,11 @@ mod tests {
 
     #[test]
     fn gemma3_270m_text_matches_on_cpu_against_cpu() {
+        // the test harness's asset folder (scripts/test.sh), as `selftest --assets-dir` would
+        set_dirs(
+            None,
+            std::env::var_os("FUCINA_TEST_ASSETS").map(PathBuf::from),
+        );
         let Ok(p) = gemma3_270m_path() else {
             panic!("the Gemma 3 270M file is needed (scripts/fetch-assets.sh, FUCINA_TEST_ASSETS)")
         };

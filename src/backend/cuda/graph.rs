@@ -43,7 +43,7 @@ fn check(r: sys::CUresult, what: &'static str) -> Result<(), CudaError> {
 /// Whether captured steps use programmatic dependent launch: sm_90+ and not opted out with
 /// `FUCINA_NO_PDL=1`.
 pub fn pdl_enabled(sm_major: u32) -> bool {
-    sm_major >= 9 && std::env::var("FUCINA_NO_PDL").map_or(true, |v| v != "1")
+    sm_major >= 9 && crate::tuning::get().pdl
 }
 
 /// Turn every kernel -> kernel edge of `g` into a programmatic one (the dependent may launch
@@ -164,12 +164,16 @@ impl CudaDevice {
             graph,
             exec: std::ptr::null_mut(),
             programmatic_edges: 0,
-            repeat: super::graph_ablate::replay_repeat(),
+            repeat: 1,
         };
-        let skip = super::graph_ablate::skip_patterns();
-        if !skip.is_empty() {
-            // SAFETY: the graph is ours and not instantiated yet.
-            unsafe { super::graph_ablate::remove_kernels(graph, &skip)? };
+        #[cfg(feature = "profiling")]
+        {
+            let prof = &crate::tuning::get().profiling;
+            step.repeat = prof.replay_repeat;
+            if !prof.graph_skip.is_empty() {
+                // SAFETY: the graph is ours and not instantiated yet.
+                unsafe { super::graph_ablate::remove_kernels(graph, &prof.graph_skip)? };
+            }
         }
         if pdl_enabled(self.compute_capability().0) {
             // SAFETY: the graph is ours and not instantiated yet.
@@ -179,7 +183,8 @@ impl CudaDevice {
                 "captured step: kernel edges made programmatic (PDL)"
             );
         }
-        if super::graph_ablate::dump_requested() {
+        #[cfg(feature = "profiling")]
+        if crate::tuning::get().profiling.graph_dump {
             // SAFETY: the graph is ours and not instantiated yet.
             let d = unsafe { super::graph_ablate::describe(graph)? };
             eprintln!("FUCINA_GRAPH_DUMP: captured step: {d}");
@@ -211,8 +216,8 @@ impl CudaDevice {
         self.capture_flag().get()
     }
 
-    /// Launch a captured step on the stream (`FUCINA_REPLAY_REPEAT` times, a profiling aid:
-    /// see graph_ablate).
+    /// Launch a captured step on the stream (once; `FUCINA_REPLAY_REPEAT` times in profiling
+    /// builds: see graph_ablate).
     pub fn replay(&self, g: &StepGraph) -> Result<(), CudaError> {
         bind(self.stream())?;
         for _ in 0..g.repeat {

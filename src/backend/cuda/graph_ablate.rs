@@ -12,6 +12,8 @@
 //! - `FUCINA_GRAPH_DUMP=1`: the captured step's make-up is logged once it is final (nodes by
 //!   type, edges by dependency type, and every node that waits on a full, non-programmatic
 //!   edge), to see what breaks the programmatic chain.
+//!
+//! Compiled only with `--features profiling`; the settings are [`crate::tuning::Profiling`].
 
 use std::ffi::CStr;
 
@@ -23,40 +25,12 @@ fn check(r: sys::CUresult, what: &'static str) -> Result<(), CudaError> {
     super::error::cu_check(r, "graph ablation", what)
 }
 
-/// The patterns of `FUCINA_GRAPH_SKIP` (empty when unset).
-pub fn skip_patterns() -> Vec<String> {
-    std::env::var("FUCINA_GRAPH_SKIP")
-        .map(|v| parse_patterns(&v))
-        .unwrap_or_default()
-}
-
 /// Whether a kernel's function name matches a pattern: `=name` the whole name, else a part of it.
 fn name_matches(name: &str, pattern: &str) -> bool {
     match pattern.strip_prefix('=') {
         Some(exact) => name == exact,
         None => name.contains(pattern),
     }
-}
-
-/// Comma-separated patterns, blanks dropped.
-fn parse_patterns(v: &str) -> Vec<String> {
-    v.split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(String::from)
-        .collect()
-}
-
-/// Launches per replay (`FUCINA_REPLAY_REPEAT`, at least 1).
-pub fn replay_repeat() -> usize {
-    parse_repeat(std::env::var("FUCINA_REPLAY_REPEAT").ok().as_deref())
-}
-
-/// A repeat count: a positive integer, else 1.
-fn parse_repeat(v: Option<&str>) -> usize {
-    v.and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(1)
-        .max(1)
 }
 
 /// The function name of a kernel node, None for other nodes.
@@ -166,11 +140,6 @@ pub unsafe fn remove_kernels(g: sys::CUgraph, patterns: &[String]) -> Result<usi
     Ok(removed)
 }
 
-/// Whether `FUCINA_GRAPH_DUMP` asks for [`describe`] of every captured step.
-pub fn dump_requested() -> bool {
-    std::env::var("FUCINA_GRAPH_DUMP").is_ok_and(|v| !v.is_empty() && v != "0")
-}
-
 /// Short name of a node: its kernel's function name, else its node type.
 ///
 /// # Safety
@@ -245,19 +214,6 @@ pub unsafe fn describe(g: sys::CUgraph) -> Result<String, CudaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn knobs_parse() {
-        assert_eq!(
-            parse_patterns(" attn_prep, ,gemv_q6_k,"),
-            vec!["attn_prep".to_string(), "gemv_q6_k".to_string()]
-        );
-        assert!(parse_patterns("").is_empty());
-        assert_eq!(parse_repeat(None), 1);
-        assert_eq!(parse_repeat(Some("3")), 3);
-        assert_eq!(parse_repeat(Some("0")), 1);
-        assert_eq!(parse_repeat(Some("x")), 1);
-    }
 
     /// `=name` matches that whole name only (a GEMV's main entry, not its `__glu` or `__ks`
     /// entries, whose names it begins); other patterns match any part.

@@ -43,21 +43,14 @@ pub const MIN_SPLIT_KEYS: usize = 128;
 /// Fewest keys a split of the whole-group entry (`__gqa`) covers: one 64-key round. Its blocks
 /// take a KV head's whole group, so there are fewer of them: Gemma 4 12B decodes at 338.8 / 324.2
 /// tok/s (depth 0 / 4096) against 336.2 / 319.2 with 128-key splits (the sliding layers, 8 KV
-/// heads over a 1024-key window, get 16 splits instead of 8; H200, session 8), where the per-head
+/// heads over a 1024-key window, get 16 splits instead of 8; H200), where the per-head
 /// entries of Qwen3 lose 1.5-8.5% with 64.
 pub const GQA_MIN_SPLIT_KEYS: usize = 64;
 
 /// The fewest keys per split of a launch (`gqa`: the whole-group entry runs), or
 /// `FUCINA_ATTN_MIN_CHUNK` (a multiple of 32, for A/B runs; read once) for every entry.
 fn min_split_keys(gqa: bool) -> usize {
-    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = *V.get_or_init(|| {
-        std::env::var("FUCINA_ATTN_MIN_CHUNK")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&v| v >= 32 && v % 32 == 0)
-    });
-    forced.unwrap_or(if gqa {
+    crate::tuning::get().attn_min_chunk.unwrap_or(if gqa {
         GQA_MIN_SPLIT_KEYS
     } else {
         MIN_SPLIT_KEYS

@@ -90,9 +90,7 @@ pub fn gqa_fused_merge_fits(group: usize, head_dim: usize, splits: usize) -> boo
 /// [`GqaMerge::Auto`]: [`gqa_fused_merge_fits`], unless `FUCINA_GQA_FUSED_MERGE=0` (read once)
 /// forces the separate merge launch.
 pub fn gqa_fused_merge_default(group: usize, head_dim: usize, splits: usize) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    gqa_fused_merge_fits(group, head_dim, splits)
-        && !*OFF.get_or_init(|| std::env::var("FUCINA_GQA_FUSED_MERGE").is_ok_and(|v| v == "0"))
+    gqa_fused_merge_fits(group, head_dim, splits) && crate::tuning::get().gqa_fused_merge
 }
 
 /// The entry point of a decode-attention instance.
@@ -137,7 +135,7 @@ pub fn decode_key_has_mmaw(key: &KernelKey) -> bool {
 
 /// Most query heads of a block that runs `__mmaw` (128 threads: at its 253 registers two blocks
 /// share an SM; a 256-thread block takes the whole register file, and Qwen3-30B-A3B's group of 8
-/// ran depth 0 0.9% slower so, H200, session 33).
+/// ran depth 0 0.9% slower so, H200).
 pub const MMAW_MAX_HEADS: usize = 4;
 
 /// Whether an instance has the whole-group entries `__gqa` and `__gqa_merge` (ops/attn_decode
@@ -153,17 +151,13 @@ pub fn decode_key_has_gqa(key: &KernelKey) -> bool {
 /// 0 / 4096): 330.3 / 304.2 tok/s with `__gqa` at head dim 512 only, 338.8 / 324.2 with it at
 /// 256 too (and its 64-key splits), 325.3 / 286.2 without it.
 pub fn decode_gqa_default(spec: &KernelSpec) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    decode_key_has_gqa(&spec.key)
-        && !*OFF.get_or_init(|| std::env::var("FUCINA_ATTN_GQA").is_ok_and(|v| v == "0"))
+    decode_key_has_gqa(&spec.key) && crate::tuning::get().attn_gqa
 }
 
 /// The entry [`DecodeEntry::Auto`] runs for the per-head entries: `__mma` where the instance has
 /// it, unless `FUCINA_ATTN_MMA=0` (read once).
 pub fn decode_mma_default(spec: &KernelSpec) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    decode_has_mma(spec)
-        && !*OFF.get_or_init(|| std::env::var("FUCINA_ATTN_MMA").is_ok_and(|v| v == "0"))
+    decode_has_mma(spec) && crate::tuning::get().attn_mma
 }
 
 /// Most bytes of the `__mma` entry's dynamic shared memory: its G warps' partials of the G

@@ -89,18 +89,9 @@ pub struct NormAddWeights {
 /// the results are the same bits either way).
 pub fn norm_add_chunks(groups: usize, dim: usize, threads: usize) -> usize {
     const REG: usize = 4; // the template's REG
-    static SPLIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    static MAX: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let split = *SPLIT.get_or_init(|| std::env::var("FUCINA_NORM_ADD_SPLIT").as_deref() != Ok("0"));
+    let t = crate::tuning::get();
     // FUCINA_NORM_ADD_CHUNKS=N: at most N blocks (to measure the split's width)
-    let max = MAX
-        .get_or_init(|| {
-            std::env::var("FUCINA_NORM_ADD_CHUNKS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(REG)
-        .max(1);
+    let (split, max) = (t.norm_add_split, t.norm_add_chunks.unwrap_or(REG).max(1));
     let per = dim.div_ceil(threads.max(1));
     if split && groups == 1 && (2..=REG).contains(&per) {
         per.min(max)
@@ -490,7 +481,7 @@ mod tests {
 
     #[test]
     fn one_decode_row_in_registers_is_split() {
-        if std::env::var("FUCINA_NORM_ADD_SPLIT").as_deref() == Ok("0") {
+        if !crate::tuning::get().norm_add_split {
             return; // split turned off for this process
         }
         // Gemma 4 12B hidden at 1024 threads: 4 blocks of 1024 values; Gemma 3 1B: 2

@@ -135,15 +135,15 @@ impl GemmTile {
 /// `examples/gemm_bench.rs`.
 pub fn tile_efficiency(tile: GemmTile) -> f64 {
     match tile {
-        // measured on the H200 (docs/measurements/gemm-bench-h200-2026-11-30.log): TFLOPS of
-        // each tile relative to 128x256 where both fill whole waves
+        // measured on the H200: TFLOPS of each tile relative to 128x256 where both fill whole
+        // waves
         GemmTile::T128x256 => 1.0,
         GemmTile::T128x128W4 => 0.92,
         GemmTile::T128x128W8 => 0.82,
         GemmTile::T64x128 => 0.76,
         GemmTile::T128x128K2 => 0.62,
-        // wgmma (sm_90a) against 128x256 mma.sync at M = 4096 (whole waves), same log family:
-        // 128x256 1.45-1.56x, 128x128 1.10-1.14x (docs/measurements/session6-h200-2026-11-30.md)
+        // wgmma (sm_90a) against 128x256 mma.sync at M = 4096 (whole waves), same bench:
+        // 128x256 1.45-1.56x, 128x128 1.10-1.14x
         GemmTile::Wg128x256 => 1.45,
         GemmTile::Wg128x128 => 1.1,
     }
@@ -177,16 +177,16 @@ pub fn chunk_rows(out: usize, k: usize, cap: usize) -> usize {
 /// Whether [`GemmPipe::pick`] may choose the wgmma tiles (`FUCINA_GEMM_WGMMA=0` keeps it to
 /// the mma.sync ones, for A/B measurements).
 fn wgmma_enabled() -> bool {
-    static E: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *E.get_or_init(|| std::env::var("FUCINA_GEMM_WGMMA").map_or(true, |v| v.trim() != "0"))
+    crate::tuning::get().gemm_wgmma
 }
 
 fn tile_override() -> Option<GemmTile> {
     static T: std::sync::OnceLock<Option<GemmTile>> = std::sync::OnceLock::new();
     *T.get_or_init(|| {
-        std::env::var("FUCINA_GEMM_TILE")
-            .ok()
-            .and_then(|s| GemmTile::from_name(s.trim()))
+        crate::tuning::get()
+            .gemm_tile
+            .as_deref()
+            .and_then(GemmTile::from_name)
     })
 }
 
@@ -604,7 +604,7 @@ mod tests {
                 .unwrap()
         };
         // 512 x 4096: 128 CTAs of 128x128 fill the GPU once; 128x256 would leave half idle (the
-        // sliced-K CTA measured slowest: docs/measurements/gemm-bench-h200-2026-11-30.log)
+        // sliced-K CTA measured slowest)
         assert_eq!(best(512, 4096), T128x128W4);
         // 512 x 6144: one wave of 128x256 or of 64x128 (measured 307 / 297 TFLOPS), not 128x128
         assert!(matches!(best(512, 6144), T128x256 | T64x128));
@@ -613,8 +613,8 @@ mod tests {
         assert_eq!(best(4096, 24576), T128x256);
         // a few rows: 64-row tiles
         assert_eq!(best(17, 4096), T64x128);
-        // sm_90a: the wgmma tiles, as measured at M = 512 (docs/measurements/session6-h200-
-        // 2026-11-30.md: 128x256 for N = 6144 / 24576 / 30720, 128x128 for N = 4096 / 3840)
+        // sm_90a: the wgmma tiles, as measured at M = 512: 128x256 for N = 6144 / 24576 /
+        // 30720, 128x128 for N = 4096 / 3840
         let best_wg = |m: usize, n: usize| {
             GemmTile::ALL
                 .into_iter()

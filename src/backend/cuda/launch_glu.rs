@@ -13,13 +13,7 @@ use crate::kernels::Op;
 /// `FUCINA_GLU_WARPS` (1..=16; read once, for tuning runs): warps per block of the `__glu`
 /// entry, run whatever the occupancy.
 fn glu_warps_env() -> Option<u32> {
-    static W: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    *W.get_or_init(|| {
-        std::env::var("FUCINA_GLU_WARPS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|w| (1..=16).contains(w))
-    })
+    crate::tuning::get().glu_warps
 }
 
 /// Warps per block of the `__glu` entry: 8, each taking 4 of a block's 32 two-row steps (2 of

@@ -104,17 +104,12 @@ pub fn gemv_main_smem(spec: &KernelSpec) -> Option<usize> {
 /// us with `__s2`; gate/up 24576 x 4096 (1 chunk) 19.6 -> 21.1 us and the Q6_K head 151936 x
 /// 4096 (2 chunks) 176 -> 182 us without gain.
 pub fn gemv_use_s2(spec: &KernelSpec, k: usize) -> bool {
-    static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
-    let mode = *MODE.get_or_init(|| match std::env::var("FUCINA_GEMV_S2").as_deref() {
-        Ok("always") | Ok("1") => 2,
-        Ok("never") | Ok("0") => 0,
-        _ => 1,
-    });
+    use crate::tuning::GemvS2;
     gemv_s2_smem(spec).is_some()
-        && match mode {
-            0 => false,
-            2 => true,
-            _ => gemv_row_is_long(spec, k),
+        && match crate::tuning::get().gemv_s2 {
+            GemvS2::Never => false,
+            GemvS2::Always => true,
+            GemvS2::Long => gemv_row_is_long(spec, k),
         }
 }
 
@@ -156,14 +151,7 @@ pub fn gemv_row_batches(spec: &KernelSpec, k: usize) -> Option<usize> {
 /// very tall matrices (the LM head), whose warps are plenty already. `FUCINA_GEMV_KS` (read
 /// once): `0` never, `2` / `4` / `8` that many ways wherever rows take two batches or more.
 pub fn gemv_ks(spec: &KernelSpec, n: usize, k: usize) -> Option<u32> {
-    static KS: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    let forced = *KS.get_or_init(|| match std::env::var("FUCINA_GEMV_KS").as_deref() {
-        Ok("0") | Ok("1") => Some(1),
-        Ok("2") => Some(2),
-        Ok("4") => Some(4),
-        Ok("8") => Some(8),
-        _ => None,
-    });
+    let forced = crate::tuning::get().gemv_ks;
     let batches = gemv_row_batches(spec, k)?;
     let ks = match forced {
         Some(f) if batches >= 2 => f,
@@ -176,13 +164,7 @@ pub fn gemv_ks(spec: &KernelSpec, n: usize, k: usize) -> Option<u32> {
 /// The default split of [`gemv_ks`]: the smallest of 1, 2, 4, 8 that leaves each warp at most one
 /// load batch (8 when more remain), 1 for more than [`KS_MAX_ROWS`] rows.
 fn ks_for(n: usize, batches: usize) -> u32 {
-    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let max = *MAX.get_or_init(|| {
-        std::env::var("FUCINA_GEMV_KS_MAX_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(KS_MAX_ROWS)
-    });
+    let max = crate::tuning::get().gemv_ks_max_rows.unwrap_or(KS_MAX_ROWS);
     if n > max {
         return 1;
     }

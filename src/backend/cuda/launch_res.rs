@@ -62,16 +62,12 @@ pub fn res_max_warps(spec: &KernelSpec) -> u32 {
 /// after its down projections ran 377.5 tok/s at 16 warps, 396.3 at 24, on the H200, session
 /// 24), 16 at R = 4 (8 steps over 2 warps each, the k range split; q4_kr's 97 and q6_kr's 125
 /// registers a thread leave no room for more: held to 80 registers for 24 warps, they spilled and
-/// ran Qwen3-8B Q4_K_M 5% slower, session 24).
+/// ran Qwen3-8B Q4_K_M 5% slower).
 /// `FUCINA_RES_WARPS=N` (1 up to [`res_max_warps`]) overrides it, for tuning.
 pub fn res_warps(spec: &KernelSpec) -> u32 {
-    static W: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    let env = *W.get_or_init(|| {
-        std::env::var("FUCINA_RES_WARPS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    });
-    env.filter(|w| (1..=res_max_warps(spec)).contains(w))
+    crate::tuning::get()
+        .res_warps
+        .filter(|w| (1..=res_max_warps(spec)).contains(w))
         .unwrap_or(res_max_warps(spec))
 }
 
@@ -101,8 +97,7 @@ pub fn res_tasks(spec: &KernelSpec, k: usize) -> Option<u32> {
 /// SM (Qwen3-8B's o projection: 16 tasks). `FUCINA_RES_TASK_WARPS=0` launches [`res_warps`]
 /// whatever the tasks (for A/B runs).
 pub fn res_launch_warps(spec: &KernelSpec, k: usize) -> u32 {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("FUCINA_RES_TASK_WARPS").as_deref() != Ok("0"));
+    let on = crate::tuning::get().res_task_warps;
     let w = res_warps(spec);
     match res_tasks(spec, k) {
         Some(t) if on => w.min(t),
@@ -120,7 +115,7 @@ pub fn rsqv_blocks(spec: &KernelSpec, n6: usize, n: usize) -> usize {
 /// The consumer entry of a deferred norm for `rows` rows of a batch-1 `spec` on `sms`
 /// multiprocessors: `__rs`, or q6_kr's `__rs2` (2 rows a warp step) where `__rs` at the
 /// instance's rows would give fewer blocks than a third of the multiprocessors. Measured on the
-/// H200 (session 21, two runs each): Qwen3-30B-A3B, whose 512-row V projections give 32 blocks
+/// H200 (two runs each): Qwen3-30B-A3B, whose 512-row V projections give 32 blocks
 /// at 4 rows a step, 499.1 tok/s without `__rs2` and 501.9 with it; Qwen3-8B Q4_K_M (1024-row V,
 /// 64 blocks) 494.4 and 493.1 with `__rs2` there too. Leaving the 8B's to `__rs` (the third)
 /// measured within noise of that (493.7 against 493.4, three runs each).
@@ -390,9 +385,8 @@ mod tests {
         assert_eq!(res_tasks(bs1(Quant::Q4_0R), 12288), Some(48));
         assert_eq!(res_tasks(bs1(Quant::Q8_0R), 4096), Some(32));
         assert_eq!(res_tasks(bs1(Quant::Q4KR), 4096), None);
-        if std::env::var("FUCINA_RES_TASK_WARPS").is_err()
-            && std::env::var("FUCINA_RES_WARPS").is_err()
-        {
+        let t = crate::tuning::get();
+        if t.res_task_warps && t.res_warps.is_none() {
             assert_eq!(res_launch_warps(bs1(Quant::Q4_0R), 4096), 16);
             assert_eq!(res_launch_warps(bs1(Quant::Q4_0R), 12288), 24);
             assert_eq!(res_launch_warps(bs1(Quant::Q8_0R), 4096), 24);
@@ -412,7 +406,7 @@ mod tests {
         ] {
             let spec = bs1(q);
             assert_eq!(res_max_warps(spec), w, "{q}");
-            if std::env::var("FUCINA_RES_WARPS").is_err() {
+            if crate::tuning::get().res_warps.is_none() {
                 assert_eq!(res_warps(spec), w, "{q}");
             }
         }

@@ -8,9 +8,12 @@
 
 mod backend;
 pub mod buf;
+#[cfg(feature = "profiling")]
+mod dev_defines;
 mod device;
 mod error;
 pub mod graph;
+#[cfg(feature = "profiling")]
 mod graph_ablate;
 pub mod kv;
 mod launch;

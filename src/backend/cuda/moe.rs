@@ -59,15 +59,13 @@ pub enum MoePath {
 /// The by-expert GEMM prefill is on unless `FUCINA_MOE_GEMM=0` (read once): a switch back to
 /// the grouped GEMV for every batch size.
 pub fn prefill_gemm_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FUCINA_MOE_GEMM").map_or(true, |v| v != "0"))
+    crate::tuning::get().moe_gemm
 }
 
 /// The device-grouped prefill is on unless `FUCINA_MOE_GROUPED=0` (read once): a switch back to
 /// the host-grouped per-expert GEMMs.
 pub fn prefill_grouped_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FUCINA_MOE_GROUPED").map_or(true, |v| v != "0"))
+    crate::tuning::get().moe_grouped
 }
 
 /// The path `moe` takes for `n` tokens over banks of these formats and shapes.

@@ -208,8 +208,7 @@ impl CudaDevice {
 /// Whether `moe_down` reads its expert ids and requests their rows into L2 before its
 /// programmatic-launch wait (`FUCINA_MOE_DOWN_EARLY=0`: after it), read once.
 fn down_ids_early() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FUCINA_MOE_DOWN_EARLY").as_deref() != Ok("0"))
+    crate::tuning::get().moe_down_early
 }
 
 #[cfg(test)]

@@ -332,8 +332,7 @@ impl CudaBackend {
 
 /// Whether decode steps are pipelined (`FUCINA_PIPELINE=0` turns it off, to measure it).
 pub fn pipeline_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FUCINA_PIPELINE").as_deref() != Ok("0"))
+    crate::tuning::get().pipeline
 }
 
 /// A sampled id as a token of a vocabulary of `vocab`. The kernel's arg-max starts from id

@@ -114,17 +114,10 @@ impl<B: Backend> Dense<B> {
 }
 
 /// Narrowest input for which q and k are fused apart from v ([`Qkv::QkFused`]). Measured on the
-/// H200 (session 20, decode A/B, three runs each): Qwen3-8B Q4_K_M (inputs of 4096) 475.2 ->
+/// H200 (decode A/B, three runs each): Qwen3-8B Q4_K_M (inputs of 4096) 475.2 ->
 /// 478.7 tok/s (+0.7%), Qwen3-30B-A3B Q4_K_M (inputs of 2048) 500.8 -> 498.3 (-0.5%), so the
 /// 30B keeps three launches.
 const QK_FUSE_MIN_COLS: usize = 4096;
-
-/// `FUCINA_QKV_SPLIT=1` (read once; for A/B runs): q, k and v as three weights whatever their
-/// formats.
-fn qkv_split_forced() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FUCINA_QKV_SPLIT").as_deref() == Ok("1"))
-}
 
 /// The Q, K and V projections of an attention layer: one fused weight when the three share a
 /// GGML format, q|k and v where only q and k do (inputs of [`QK_FUSE_MIN_COLS`] or more), else
@@ -145,19 +138,17 @@ pub enum Qkv<B: Backend> {
 
 impl<B: Backend> Qkv<B> {
     pub fn load(be: &B, q: &TensorRef<'_>, k: &TensorRef<'_>, v: &TensorRef<'_>) -> R<Self> {
-        if !qkv_split_forced() {
-            let parts = [q.clone(), k.clone(), v.clone()];
-            if can_concat(&parts) {
-                let name = format!("{}+{}+{}", q.name, k.name, v.name);
-                let w = bk!(be.upload_concat(&name, &parts))?;
-                return Ok(Qkv::Fused(w, [q.rows(), k.rows(), v.rows()]));
-            }
-            let qk = [q.clone(), k.clone()];
-            if q.cols() >= QK_FUSE_MIN_COLS && can_concat(&qk) {
-                let name = format!("{}+{}", q.name, k.name);
-                let w = bk!(be.upload_concat(&name, &qk))?;
-                return Ok(Qkv::QkFused(w, [q.rows(), k.rows()], bk!(be.upload(v))?));
-            }
+        let parts = [q.clone(), k.clone(), v.clone()];
+        if can_concat(&parts) {
+            let name = format!("{}+{}+{}", q.name, k.name, v.name);
+            let w = bk!(be.upload_concat(&name, &parts))?;
+            return Ok(Qkv::Fused(w, [q.rows(), k.rows(), v.rows()]));
+        }
+        let qk = [q.clone(), k.clone()];
+        if q.cols() >= QK_FUSE_MIN_COLS && can_concat(&qk) {
+            let name = format!("{}+{}", q.name, k.name);
+            let w = bk!(be.upload_concat(&name, &qk))?;
+            return Ok(Qkv::QkFused(w, [q.rows(), k.rows()], bk!(be.upload(v))?));
         }
         Ok(Qkv::Split {
             q: bk!(be.upload(q))?,

@@ -17,14 +17,7 @@ use crate::model::ModelError;
 /// activation memory: a 32k-token prompt would otherwise hold several GB of f32 activations per
 /// tensor). `FUCINA_PREFILL_CHUNK` overrides the default of 8192 (as vLLM's chunked prefill).
 pub fn prefill_chunk() -> usize {
-    static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CHUNK.get_or_init(|| {
-        std::env::var("FUCINA_PREFILL_CHUNK")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&n: &usize| n > 0)
-            .unwrap_or(8192)
-    })
+    crate::tuning::get().prefill_chunk
 }
 
 /// Backend errors surface to the engine as model errors with the op's message.

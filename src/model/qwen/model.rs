@@ -598,7 +598,7 @@ impl<B: Backend> QwenSession<B> {
     /// by the layers, not by states made yet: a session that starts with one-token steps (no
     /// prompt) records its step on the second call like any other. (Asked of the states, its
     /// first call ran outside the replay and the third was the one recorded; `fucina bench` at
-    /// depth 0 timed that capture, ~1.5 ms, in its window: session 34.)
+    /// depth 0 timed that capture, ~1.5 ms, in its window.)
     fn pipelinable(&self) -> bool {
         !self.model.has_recurrent()
     }

@@ -87,7 +87,7 @@ impl KernelCheck for AttnPrefillCheck {
         // accumulation; a fragment-layout error is O(1). Every row also runs the last query
         // through the backend's decode dispatch, which at head dim 512 is attn_decode's `__gqa`
         // tensor-core entry (q and p in f16: that check's 4e-3); its error is merged into this
-        // row's (1.5e-3 .. 1.7e-3 measured on the H200 in sessions 12-15, 2.4e-3 once the random
+        // row's (1.5e-3 .. 1.7e-3 measured on the H200, 2.4e-3 once the random
         // inputs moved; an f32 model of the SIMT kernel's arithmetic stays within ~1e-6 of f64 on
         // such inputs).
         match key.head_dim.value() {

@@ -51,17 +51,11 @@ pub(super) fn norm_ptr(
 
 /// The blocks a one-row `add_rms_norm` of `dim` values spreads over through the
 /// `norm_add_rmsnorm` kernel (the same bits), or None for the one-block `add_rmsnorm` kernel.
-/// Measured on the H200 (session 10): rows of 1025..=2048 values (two per thread at 1024
+/// Measured on the H200: rows of 1025..=2048 values (two per thread at 1024
 /// threads) gain from two blocks (Qwen3-30B-A3B decode +3%), 4096-value rows from none (one to
 /// four blocks within 0.5%). `FUCINA_ADD_NORM_CHUNKS=N` overrides (0: the one-block kernel).
 fn add_norm_chunks(dim: usize) -> Option<usize> {
-    static ENV: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let env = *ENV.get_or_init(|| {
-        std::env::var("FUCINA_ADD_NORM_CHUNKS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    });
-    chunks_for(dim, env)
+    chunks_for(dim, crate::tuning::get().add_norm_chunks)
 }
 
 /// [`add_norm_chunks`] with the override `env`.

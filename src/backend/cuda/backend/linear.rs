@@ -41,8 +41,7 @@ pub(crate) fn gemv_bucket(n: usize) -> Option<(BatchBucket, usize)> {
 /// Whether decode runs a fused gate|up GEMV through its `__glu` entry, unless
 /// `FUCINA_GEMV_GLU=0` (read once; for A/B runs) keeps the GEMV and the GLU kernel apart.
 fn gemv_glu_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FUCINA_GEMV_GLU").as_deref() != Ok("0"))
+    crate::tuning::get().gemv_glu
 }
 
 /// Whether the weight format has a tensor-core GEMM instance taking bf16 activations.

@@ -27,16 +27,9 @@ use crate::kernels::{BatchBucket, Op, Quant};
 
 /// Most bytes of bf16 weight scratch one `linear` holds (`FUCINA_GEMM_SCRATCH_MB` overrides, for
 /// measurements). 256 MiB, not 128: at 128 Qwen3-8B's gate|up ran as two 12288-row GEMMs on the
-/// 128 x 128 tile, and its pp512 read 17.2k tok/s against 19.0k (H200, session 23).
+/// 128 x 128 tile, and its pp512 read 17.2k tok/s against 19.0k (H200).
 pub fn gemm_scratch_bytes() -> usize {
-    static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *B.get_or_init(|| {
-        std::env::var("FUCINA_GEMM_SCRATCH_MB")
-            .ok()
-            .and_then(|s| s.trim().parse::<usize>().ok())
-            .filter(|&mb| mb > 0)
-            .map_or(256 << 20, |mb| mb << 20)
-    })
+    crate::tuning::get().gemm_scratch_bytes
 }
 
 /// Whether `q` has a `gemm_pipe` path (bf16 or f16 in place, or through `dequant_bf16`).

@@ -33,22 +33,8 @@ use crate::kernels::{BatchBucket, Op, Quant};
 /// kernels apply, `linear` wherever the consumer is not one `__glu` launch, `glu` only where it
 /// is (the gate|up then runs as `__glurs`), unset: [`defer_by_default`].
 fn defer_env(glu_launch: bool) -> Option<bool> {
-    /// The setting: never, always, or where the consumer is not one `__glu` launch.
-    #[derive(Clone, Copy)]
-    enum Defer {
-        Never,
-        Always,
-        Linear,
-        Glu,
-    }
-    static ON: std::sync::OnceLock<Option<Defer>> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| match std::env::var("FUCINA_DEFER_NORM").as_deref() {
-        Ok("0") => Some(Defer::Never),
-        Ok("1") => Some(Defer::Always),
-        Ok("linear") => Some(Defer::Linear),
-        Ok("glu") => Some(Defer::Glu),
-        _ => None,
-    });
+    use crate::tuning::DeferNorm as Defer;
+    let on = crate::tuning::get().defer_norm;
     on.map(|d| match d {
         Defer::Never => false,
         Defer::Always => true,
@@ -57,24 +43,24 @@ fn defer_env(glu_launch: bool) -> Option<bool> {
     })
 }
 
-/// Whether the norm is deferred by default, from measurements (H200, Qwen3-8B decode, session
-/// 14, `docs/measurements/session14-h200-2026-11-30.md`): only after a q4_kr projection
+/// Whether the norm is deferred by default, from measurements (H200, Qwen3-8B decode): only
+/// after a q4_kr projection
 /// (Q4_K_M: +1.5% at prompt 512, three runs each; +1.6% / +2.5% at prompt 16), and not where the
 /// gate|up runs as one `__glu` launch (deferred, that launch ran Q8_0 15% and Q4_0 2% slower).
 /// After q8_0r and q4_0r projections the deferred q/k/v measured within noise or mixed (Q8_0
 /// +1.5% at prompt 16, -0.3% at 512; Q4_0 +1.5% and -1.3% in two builds). After q6_kr ones
-/// (Q4_K_M's Q6_K down projections, sessions 19 and 20): Qwen3-8B Q4_K_M +1.1% (469.1 -> 474.1,
+/// (Q4_K_M's Q6_K down projections): Qwen3-8B Q4_K_M +1.1% (469.1 -> 474.1,
 /// two runs) and +1.2% (468.0 -> 473.7, three runs each). A gate|up with the GLU in its `__rs`
 /// launch (`__rsglu`, arrival counters per 32 outputs) ran Q4_K_M 11% slower than `__rs` + the
-/// GLU kernel (session 20). After q8_0r projections since session 24, with `__res` in blocks of
+/// GLU kernel. After q8_0r projections, with `__res` in blocks of
 /// 24 warps: Qwen3-8B Q8_0 390.4 -> 396.3 tok/s (two runs each; 377.5 at 16 warps). After q4_0r
 /// ones the same change measured 586.7 -> 585.3 (two runs each).
-/// Session 32: after q4_0r projections both norms are deferred, the gate|up as one `__glurs`
+/// After q4_0r projections both norms are deferred, the gate|up as one `__glurs`
 /// launch (`glurs`: that launch runs; else not deferred where the gate|up is one `__glu`
 /// launch), the q|k|v through `__rs` and attn_prep. Qwen3-8B Q4_0 decode at prompt 16, depths 0
 /// / 4096, two runs each: 595.0 / 536.9 and 595.8 / 537.3 tok/s with neither, 618.6 / 546.2
-/// and 619.1 / 546.9 with both (call H); the gate|up's alone 611.5 / 611.7 at depth 0 (call B);
-/// the down projection's alone 584 / 541, below neither (call E). After q8_0r projections both
+/// and 619.1 / 546.9 with both; the gate|up's alone 611.5 / 611.7 at depth 0; the down
+/// projection's alone 584 / 541, below neither. After q8_0r projections both
 /// deferred measured 392.8 / 393.3 against 398.2 / 397.6, so Q8_0 keeps `add_rmsnorm` + `__glu`.
 fn defer_by_default(producer: Quant, glu_launch: bool, glurs: bool) -> bool {
     match producer {
@@ -280,14 +266,13 @@ impl CudaBackend {
     /// inputs (a Q4_K_M layer's q|k and v), None elsewhere. [`CudaBackend::with_rsqv`] turns it
     /// on wherever the kernel takes it, or off; `FUCINA_RSQV=0` off. By default it is not taken
     /// where v alone would run as `__rs2` (Qwen3-30B-A3B's 512-row V, measured with `__rs2`,
-    /// not with this). Measured on the H200 (session 25, prompt 16, three runs each): Qwen3-8B
+    /// not with this). Measured on the H200 (prompt 16, three runs each): Qwen3-8B
     /// Q4_K_M decode 494.5 / 495.0 / 495.1 tok/s with two launches, 509.3 / 508.1 / 508.8 with
     /// one.
     fn rsqv_entry(
         &self,
         views: &[super::super::types::WeightView],
     ) -> Option<super::super::launch_prefill::KernEntry> {
-        static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let [a, b] = views else {
             return None;
         };
@@ -297,7 +282,7 @@ impl CudaBackend {
         let on = match self.rsqv {
             Some(on) => on,
             None => {
-                *ENV.get_or_init(|| std::env::var("FUCINA_RSQV").as_deref() != Ok("0"))
+                crate::tuning::get().rsqv
                     && self
                         .kern(Op::Gemv, Quant::Q6KR, BatchBucket::B1)
                         .is_ok_and(|k| rs_suffix(k.spec, b.rows, self.sms) == "rs")
@@ -323,7 +308,7 @@ impl CudaBackend {
     /// threads an SM, so by default only where the narrow entries take two batches a row (k >
     /// 2048: at 2048 both take one, Qwen3-30B-A3B's q|k) and all the blocks are resident at once
     /// (the q|k|v projections; a 24576-row gate|up is not). [`CudaBackend::with_rs_wide`]
-    /// forces them on (wherever k <= 4096) or off. Measured on the H200 (session 27, Qwen3-8B
+    /// forces them on (wherever k <= 4096) or off. Measured on the H200 (Qwen3-8B
     /// Q4_K_M decode, prompt 16, three interleaved runs each): 509.3 / 510.1 / 508.7 tok/s off,
     /// 511.2 / 511.7 / 512.7 on the q|k|v launches, 507.1 / 509.2 / 507.6 also on gate|up; the
     /// same 64-token greedy text on and off (`--raw`).
@@ -353,10 +338,7 @@ impl CudaBackend {
         gv: &super::super::types::WeightView,
         k: usize,
     ) -> Option<super::super::launch_prefill::KernEntry> {
-        static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = self.glurs.unwrap_or_else(|| {
-            *ENV.get_or_init(|| std::env::var("FUCINA_GLURS").as_deref() != Ok("0"))
-        });
+        let on = self.glurs.unwrap_or(crate::tuning::get().glurs);
         if !on {
             return None;
         }

@@ -44,8 +44,7 @@ use step::StepState;
 /// Whether decode attention writes its output's int8 side-car (`FUCINA_ATTN_Q8=0` turns it off:
 /// the O projection then quantises in a launch of its own; read once).
 pub fn attn_q8_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FUCINA_ATTN_Q8").map_or(true, |v| v != "0"))
+    crate::tuning::get().attn_q8
 }
 
 /// (op, quant, batch bucket, entry suffix) of a secondary kernel entry.
@@ -152,10 +151,8 @@ impl CudaBackend {
     /// input on. Off by default: measured on the H200 (Qwen3-8B decode after a 512-token
     /// prompt) +0.7% with Q4_0 weights, -0.7% with Q8_0, -3.3% with Q4_K_M.
     pub(super) fn fuse_attn_prep(&self) -> bool {
-        static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        self.fuse_attn_prep.unwrap_or_else(|| {
-            *ENV.get_or_init(|| std::env::var("FUCINA_ATTN_PREP_FUSED").is_ok_and(|v| v == "1"))
-        })
+        self.fuse_attn_prep
+            .unwrap_or(crate::tuning::get().attn_prep_fused)
     }
 
     /// Open device `ordinal` (PTX cache from the environment) with a pool on its stream.
@@ -387,7 +384,7 @@ impl Backend for CudaBackend {
     }
 
     fn record_begin(&self) -> Result<bool> {
-        if std::env::var_os("FUCINA_NO_GRAPHS").is_some() {
+        if !crate::tuning::get().graphs {
             return Ok(false);
         }
         self.dev.capture_begin()?;
@@ -764,8 +761,7 @@ impl Backend for CudaBackend {
 /// one-token step buffer and mapped host memory: no copy on the stream between two steps),
 /// unless `FUCINA_SAMPLE_HANDOVER=0` (read once; for A/B runs) keeps the stream-ordered copies.
 pub(crate) fn handover_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FUCINA_SAMPLE_HANDOVER").as_deref() != Ok("0"))
+    crate::tuning::get().sample_handover
 }
 
 #[cfg(test)]

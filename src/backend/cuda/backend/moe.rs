@@ -15,8 +15,7 @@ use crate::kernels::{BatchBucket, Op, Quant};
 
 /// Whether the fused decode MoE path is on (`FUCINA_MOE_FUSED=0` turns it off).
 pub fn moe_fused_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FUCINA_MOE_FUSED").map_or(true, |v| v != "0"))
+    crate::tuning::get().moe_fused
 }
 
 /// The kernel formats and dimensions of the fused decode path for `rows` rows of `cols` inputs,
@@ -148,8 +147,7 @@ impl CudaBackend {
         down: &GpuWeight,
         p: &MoeParams,
     ) -> Result<Option<(GpuTensor, GpuTensor)>> {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var("FUCINA_MOE_NORM_FUSED").as_deref() != Ok("0"));
+        let on = crate::tuning::get().moe_norm_fused;
         let k = h.cols;
         if !on
             || !moe_fused_enabled()

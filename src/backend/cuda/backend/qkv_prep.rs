@@ -4,7 +4,7 @@
 //! `CudaBackend::with_qkv_prep(false)` turn it off); everything it does not take returns None
 //! and the caller runs `linear` then `attn_prep`.
 //!
-//! Measured on the H200 (session 29, Qwen3-8B Q4_0 decode at prompt 16, three interleaved runs
+//! Measured on the H200 (Qwen3-8B Q4_0 decode at prompt 16, three interleaved runs
 //! each): 595.6 / 594.2 / 594.0 tok/s with two launches, 601.7 / 601.7 / 601.5 with one; the
 //! same 48-token greedy text (`--raw`).
 
@@ -19,10 +19,7 @@ impl CudaBackend {
     /// Whether the one-launch q|k|v + attn_prep is on: [`Self::with_qkv_prep`], else not
     /// `FUCINA_QKV_PREP=0` (on by default).
     pub(super) fn qkv_prep_on(&self) -> bool {
-        static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        self.qkv_prep.unwrap_or_else(|| {
-            *ENV.get_or_init(|| std::env::var("FUCINA_QKV_PREP").as_deref() != Ok("0"))
-        })
+        self.qkv_prep.unwrap_or(crate::tuning::get().qkv_prep)
     }
 
     /// See [`crate::backend::Backend::linear_attn_prep`]: Some where the `__qkvp` entry takes

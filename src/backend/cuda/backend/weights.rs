@@ -57,20 +57,18 @@ pub(crate) fn ggml_quant(ty: GgmlType) -> Option<Quant> {
 
 /// Whether Q4_0 matrices are repacked at upload (unless `FUCINA_REPACK=0`).
 pub(crate) fn repack_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FUCINA_REPACK").map_or(true, |v| v != "0"))
+    crate::tuning::get().repack
 }
 
 /// Whether Q6_K matrices are repacked (`q6_kr`) when the others are, unless
 /// `FUCINA_REPACK_Q6K=0` (for A/B runs).
 fn repack_q6k() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FUCINA_REPACK_Q6K").map_or(true, |v| v != "0"))
+    crate::tuning::get().repack_q6k
 }
 
 /// Most rows of a Q6_K matrix that is repacked. An LM head (151936 rows) keeps the GGUF layout:
 /// the staged `q6_k` GEMV streams it at ~3.7 TB/s on the H200, and the register-direct one
-/// measured 1-2% slower there (session 16); again in session 27 (Qwen3-8B decode, prompt 16, two
+/// measured 1-2% slower there; again later (Qwen3-8B decode, prompt 16, two
 /// runs each, the head repacked through a temporary row-limit knob): Q4_K_M 513.6 / 515.1 ->
 /// 505.6 / 506.6 tok/s, Q4_0 588.4 / 588.8 -> 574.9 / 575.6, the same greedy text.
 const Q6K_REPACK_MAX_ROWS: usize = 65536;
