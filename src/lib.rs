@@ -16,6 +16,7 @@ pub mod kernels;
 pub mod model;
 pub mod ops;
 pub mod quant;
+pub mod sampling;
 pub mod selftest;
 pub mod server;
 pub mod tokenizer;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use common::http::{post, start_with};
 use fucina::backend::cpu::CpuBackend;
 use fucina::chat::{source::TemplateFiles, ChatFormat, ChatRequest, Dialect};
-use fucina::engine::sampling::argmax;
+use fucina::sampling::argmax;
 use fucina::model::registry::{load_model, LoadOptions};
 use fucina::model::CausalLm;
 use fucina::server::ServerConfig;

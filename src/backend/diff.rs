@@ -19,7 +19,7 @@ use super::{
     Activation, AttnParams, AttnPrep, Backend, BackendError, KvShape, MoeParams, Need, Norm,
     NormNext, PostNorm, RecordedStep, Result, Rope,
 };
-use crate::engine::SamplingParams;
+use crate::sampling::SamplingParams;
 use crate::weights::TensorRef;
 
 /// One compared output.
@@ -260,6 +260,12 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
     }
     fn lacks(&self, need: Need) -> Option<String> {
         self.reference.lacks(need).or_else(|| self.test.lacks(need))
+    }
+    fn kv_bytes(&self, elems: usize) -> u64 {
+        self.reference.kv_bytes(elems) + self.test.kv_bytes(elems)
+    }
+    fn free_memory(&self) -> Option<u64> {
+        self.test.free_memory()
     }
 
     fn begin_forward(&self, ids: &[u32], pos0: usize) -> Result<()> {

@@ -39,6 +39,16 @@ impl KvType {
         }
     }
 
+    /// Bytes `elems` elements take in rows of at least 64 (the smallest head dimension a cache
+    /// holds), scales included: an FP8 row keeps a 2-byte scale per row.
+    pub fn bytes_for(self, elems: usize) -> u64 {
+        let e = elems as u64;
+        match self {
+            KvType::Fp8E4m3 => e + e.div_ceil(64) * 2,
+            t => e * t.bytes() as u64,
+        }
+    }
+
     /// Bytes a row of `head_dim` elements takes, its scale included.
     pub fn row_bytes(self, head_dim: usize) -> usize {
         head_dim * self.bytes() + if self == KvType::Fp8E4m3 { 2 } else { 0 }

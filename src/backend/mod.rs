@@ -18,8 +18,8 @@ mod tests_fused;
 pub use error::BackendError;
 pub use kv_type::KvType;
 
-use crate::engine::SamplingParams;
 use crate::ops::{RopeLayout, RopeSpec};
+use crate::sampling::SamplingParams;
 
 pub type Result<T> = std::result::Result<T, BackendError>;
 
@@ -276,6 +276,15 @@ pub enum Need {
     Nvfp4Weights,
 }
 
+/// Which backend a command runs on (`--device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    /// CUDA when a driver is present and the device opens, else the CPU (with one log line).
+    Auto,
+    Cpu,
+    Cuda,
+}
+
 /// A backend: storage for tensors and weights, and the ops the models need.
 pub trait Backend: Send + Sync + 'static {
     /// An activation tensor `[rows, cols]` (f32 semantics).
@@ -289,6 +298,17 @@ pub trait Backend: Send + Sync + 'static {
     type SamplerState: Send + 'static;
 
     fn name(&self) -> &'static str;
+
+    /// Bytes `elems` cached K and V elements take on this backend, their scales included (an
+    /// f32 cache by default). A model sizes its context from this and the KV budget.
+    fn kv_bytes(&self, elems: usize) -> u64 {
+        4 * elems as u64
+    }
+
+    /// Device memory free now, in bytes (None: host memory, not budgeted).
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
 
     /// Why this backend cannot run what `need` names (None: it can, the default). Asked by the
     /// model loader before anything is uploaded.

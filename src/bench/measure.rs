@@ -228,7 +228,7 @@ pub fn run<B: Backend>(
         for _ in 0..4 {
             t = argmax(&s.forward(&[t], false)?);
         }
-        let greedy = crate::engine::SamplingParams {
+        let greedy = crate::sampling::SamplingParams {
             temperature: 0.0,
             ..Default::default()
         };
@@ -267,7 +267,7 @@ pub fn run<B: Backend>(
             (rng.next_u64() % info.vocab_size as u64) as u32
         };
         // greedy on the backend, as the engine decodes: only the token id comes back
-        let greedy = crate::engine::SamplingParams {
+        let greedy = crate::sampling::SamplingParams {
             temperature: 0.0,
             ..Default::default()
         };

@@ -48,7 +48,7 @@ pub struct BenchArgs {
     pub seed: u64,
     /// auto: the GPU when a CUDA driver is present, else the CPU.
     #[arg(long, value_enum, default_value = "auto")]
-    pub device: crate::cli::args::Device,
+    pub device: crate::backend::Device,
     #[arg(long = "cuda-device", default_value_t = 0)]
     pub cuda_device: usize,
     /// KV cache type on CUDA: f16 (the engine's default) or fp8.
@@ -157,7 +157,7 @@ pub fn run(a: &BenchArgs) -> Result<Option<Report>> {
         step_times: a.step_times,
     };
     log(&crate::tuning::get().to_string());
-    use crate::cli::args::Device;
+    use crate::backend::Device;
     let device = match a.device {
         Device::Auto if crate::backend::cuda::cuda_available() => Device::Cuda,
         Device::Auto => {

@@ -382,10 +382,15 @@ fn bench_waits_for_an_idle_device_before_each_measurement() {
 
 #[test]
 fn cli_parses_bench_and_refuses_bad_input() {
-    use crate::cli::args::{Cli, Command, Device};
+    use crate::backend::Device;
     use clap::Parser;
-    let c = Cli::try_parse_from([
-        "fucina",
+    /// The subcommand's flags as `fucina bench` takes them.
+    #[derive(Parser)]
+    struct Bench {
+        #[command(flatten)]
+        args: super::BenchArgs,
+    }
+    let c = Bench::try_parse_from([
         "bench",
         "--synth",
         "qwen3-8b",
@@ -401,9 +406,7 @@ fn cli_parses_bench_and_refuses_bad_input() {
         "o.json",
     ])
     .unwrap();
-    let Some(Command::Bench(b)) = c.command else {
-        panic!("not the bench subcommand")
-    };
+    let b = c.args;
     assert_eq!(b.prompt_lens, vec![512, 4096]);
     assert_eq!(b.depths, vec![0, 4096]);
     assert_eq!((b.decode_tokens, b.device), (128, Device::Auto));

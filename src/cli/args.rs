@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,13 +36,7 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Device {
-    /// CUDA when a driver is present and the device opens, else the CPU (with one log line).
-    Auto,
-    Cpu,
-    Cuda,
-}
+pub use crate::backend::Device;
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {

@@ -183,35 +183,29 @@ fn load_cuda(
     ckpt: &Checkpoint,
     be: crate::backend::cuda::CudaBackend,
 ) -> Result<Arc<dyn CausalLm>> {
+    use crate::backend::Backend;
     use crate::model::registry::KvBudget;
     let util = a.gpu_mem_util;
-    let ctx = be.dev.context().clone();
-    let fp8 = a.kv_type == crate::backend::KvType::Fp8E4m3;
+    tracing::info!(
+        "loading on CUDA device {} ({}), KV cache {:?}",
+        a.cuda_device,
+        be.device_name(),
+        a.kv_type
+    );
+    let be = Arc::new(be);
+    let probe = be.clone();
     let budget = KvBudget::new(move || {
-        let free = ctx.mem_get_info().map(|(f, _)| f as u64).unwrap_or(0);
-        let b = kv_budget_bytes(free, util, GPU_RESERVE_BYTES);
-        // an FP8 cache also keeps an f16 scale per row of head_dim (>= 64) values
-        if fp8 {
-            b / 66 * 64
-        } else {
-            b
-        }
+        let free = probe.free_memory().unwrap_or(0);
+        kv_budget_bytes(free, util, GPU_RESERVE_BYTES)
     });
     let opts = LoadOptions {
         max_context: a.ctx,
         kv_budget: Some(budget.clone()),
-        kv_elem_bytes: a.kv_type.bytes(),
     };
-    tracing::info!(
-        "loading on CUDA device {} ({}), KV cache {:?}",
-        a.cuda_device,
-        be.dev.name(),
-        a.kv_type
-    );
-    let model = load_model_on(ckpt, Arc::new(be), &opts)?;
+    let model = load_model_on(ckpt, be.clone(), &opts)?;
     let info = model.info();
-    let per_token = opts.kv_bytes_per_token(info.kv_elems_per_token);
-    let fixed = opts.kv_bytes_per_token(info.kv_fixed_elems);
+    let per_token = be.kv_bytes(info.kv_elems_per_token);
+    let fixed = be.kv_bytes(info.kv_fixed_elems);
     if let Some(b) = budget.measured() {
         match context_cap_line(info.max_context, a.ctx, util, b, per_token, fixed) {
             Some(line) => tracing::info!("{line}"),
@@ -360,7 +354,7 @@ pub fn template_files(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::KvType;
+    use crate::backend::KvType;
     use crate::cli::args::Cli;
     use crate::model::registry::context_cap;
     use clap::Parser;
@@ -484,17 +478,11 @@ mod tests {
         assert_eq!(kv_budget_bytes(100 * GIB, 0.5, GIB), 49 * GIB);
         assert_eq!(kv_budget_bytes(GIB / 2, 0.9, GIB), 0);
         // Qwen3-8B: 36 layers x 8 kv heads x 128 x 2 (K, V) = 73728 elements per token
+        // (a scaled FP8 cache adds a 2-byte scale per row, counted at the smallest head
+        // dimension a cache holds, 64)
         let elems = 36 * 8 * 128 * 2;
-        let fp8 = LoadOptions {
-            kv_elem_bytes: KvType::Fp8E4m3.bytes(),
-            ..Default::default()
-        };
-        let f16 = LoadOptions {
-            kv_elem_bytes: KvType::F16.bytes(),
-            ..Default::default()
-        };
-        assert_eq!(fp8.kv_bytes_per_token(elems), 73_728);
-        assert_eq!(f16.kv_bytes_per_token(elems), 147_456);
+        assert_eq!(KvType::Fp8E4m3.bytes_for(elems), 73_728 + 2304);
+        assert_eq!(KvType::F16.bytes_for(elems), 147_456);
         // 4 GiB hold 58254 fp8 tokens: a 262144 request is capped, a 32768 one is not
         assert_eq!(context_cap(262_144, 73_728, 4 * GIB).unwrap(), 58_254);
         assert_eq!(context_cap(32_768, 73_728, 4 * GIB).unwrap(), 32_768);
@@ -509,11 +497,10 @@ mod tests {
                 c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 4 * GIB
             })),
-            kv_elem_bytes: 1,
         };
         assert_eq!(opts.kv_budget.as_ref().unwrap().measured(), None);
-        assert_eq!(opts.cap_context(262_144, elems).unwrap(), 58_254);
-        assert_eq!(opts.cap_context(262_144, elems).unwrap(), 58_254);
+        assert_eq!(opts.cap_context(262_144, 73_728).unwrap(), 58_254);
+        assert_eq!(opts.cap_context(262_144, 73_728).unwrap(), 58_254);
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
         // the log line
         let line = context_cap_line(58_254, 262_144, 0.9, 4 * GIB, 73_728, 0).unwrap();
@@ -545,13 +532,13 @@ mod tests {
         let opts = LoadOptions {
             max_context: 4096,
             kv_budget: Some(crate::model::registry::KvBudget::new(|| 100_000)),
-            kv_elem_bytes: 2,
         };
         let m = load_model_registry(&ckpt, Arc::new(CpuBackend::new()), &opts).unwrap();
         ckpt.set_tensor_hook(None);
         let info = m.info();
         assert!(info.kv_elems_per_token > 0);
-        let per = 2 * info.kv_elems_per_token as u64;
+        // the CPU backend's f32 cache: 4 bytes an element
+        let per = 4 * info.kv_elems_per_token as u64;
         assert_eq!(info.max_context as u64, (100_000 / per).min(4096));
         // the weights went past the progress hook
         assert!(seen.load(std::sync::atomic::Ordering::SeqCst) > 0);

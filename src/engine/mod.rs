@@ -10,7 +10,6 @@
 //! request: the scheduler notices before its next forward pass and frees the slot.
 
 pub mod metrics;
-pub mod sampling;
 pub mod scheduler;
 pub mod stop;
 
@@ -19,8 +18,8 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+pub use crate::sampling::{LogprobInfo, Sampler, SamplingParams, TokenLogprob};
 pub use metrics::{EngineMetrics, MetricsSnapshot};
-pub use sampling::{Sampler, SamplingParams};
 
 /// Why a generation ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,22 +53,6 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens whose KV was reused from the previous request (not recomputed).
     pub cached_tokens: usize,
-}
-
-/// Log-probability of one token (natural log, of the model's distribution after penalties and
-/// before temperature / truncation).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprob {
-    pub id: u32,
-    pub logprob: f32,
-}
-
-/// Logprobs reported for one sampled token.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LogprobInfo {
-    pub chosen: TokenLogprob,
-    /// The `top_logprobs` most likely alternatives, most likely first.
-    pub top: Vec<TokenLogprob>,
 }
 
 /// Forces the end of a thinking block after `budget` tokens inside it.

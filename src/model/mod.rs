@@ -17,7 +17,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use crate::backend::Backend;
-use crate::engine::{Sampler, SamplingParams};
+use crate::sampling::{Sampler, SamplingParams};
 
 /// Static facts about a loaded model the layers above need.
 #[derive(Debug, Clone)]

@@ -17,8 +17,6 @@ pub struct LoadOptions {
     /// Bytes one session's KV cache may take, asked once the weights are uploaded (None = no
     /// cap): each family caps its context with [`LoadOptions::cap_context`].
     pub kv_budget: Option<KvBudget>,
-    /// Bytes of one cached K or V element on the backend (FP8: 1, F16: 2; 0 counts as 4).
-    pub kv_elem_bytes: usize,
 }
 
 /// A KV byte budget measured when asked (after the weights are on the device); the first
@@ -53,62 +51,44 @@ impl std::fmt::Debug for KvBudget {
 }
 
 impl LoadOptions {
-    /// KV bytes one token takes for a model with `kv_elems_per_token`.
-    pub fn kv_bytes_per_token(&self, kv_elems_per_token: usize) -> u64 {
-        let e = if self.kv_elem_bytes == 0 {
-            4
-        } else {
-            self.kv_elem_bytes
-        };
-        (kv_elems_per_token as u64).saturating_mul(e as u64)
-    }
-
     /// The context a model may allocate: `own` (its limit after `max_context`), capped by the
-    /// KV budget (measured now: call it after the weights are uploaded).
-    pub fn cap_context(&self, own: usize, kv_elems_per_token: usize) -> Result<usize, ModelError> {
+    /// KV budget at `per_token` bytes a token (measured now: call it after the weights are
+    /// uploaded; the bytes come from [`crate::backend::Backend::kv_bytes`]).
+    pub fn cap_context(&self, own: usize, per_token: u64) -> Result<usize, ModelError> {
         match &self.kv_budget {
             None => Ok(own),
-            Some(b) => context_cap(own, self.kv_bytes_per_token(kv_elems_per_token), b.bytes()),
+            Some(b) => context_cap(own, per_token, b.bytes()),
         }
     }
-}
 
-impl LoadOptions {
     /// [`Self::cap_context`] for a model whose sliding-window layers keep rings of `slots`
-    /// positions (`ring_elems` K and V elements per position over those layers) beside layers of
-    /// `full_elems` per token: the rings come out of the budget first, and the rest caps the
-    /// context. Where the context would not exceed the rings (they would hold it whole), every
-    /// layer counts per token, as a session then allocates them.
+    /// positions (`ring_bytes` per position over those layers) beside layers of `full_bytes`
+    /// per token: the rings come out of the budget first, and the rest caps the context. Where
+    /// the context would not exceed the rings (they would hold it whole), every layer counts per
+    /// token, as a session then allocates them.
     pub fn cap_context_ring(
         &self,
         own: usize,
-        full_elems: usize,
-        ring_elems: usize,
+        full_bytes: u64,
+        ring_bytes: u64,
         slots: usize,
     ) -> Result<usize, ModelError> {
         let Some(b) = &self.kv_budget else {
             return Ok(own);
         };
         let budget = b.bytes();
-        if ring_elems > 0 && slots < own {
-            let fixed = self
-                .kv_bytes_per_token(ring_elems)
-                .saturating_mul(slots as u64);
+        if ring_bytes > 0 && slots < own {
+            let fixed = ring_bytes.saturating_mul(slots as u64);
             if let Some(rest) = budget.checked_sub(fixed) {
-                let per = self.kv_bytes_per_token(full_elems);
                 let fits = rest
-                    .checked_div(per)
+                    .checked_div(full_bytes)
                     .map_or(own, |f| usize::try_from(f).unwrap_or(usize::MAX).min(own));
                 if fits > slots {
                     return Ok(fits);
                 }
             }
         }
-        context_cap(
-            own,
-            self.kv_bytes_per_token(full_elems + ring_elems),
-            budget,
-        )
+        context_cap(own, full_bytes + ring_bytes, budget)
     }
 }
 
@@ -226,17 +206,17 @@ mod tests {
         LoadOptions {
             max_context: 0,
             kv_budget: Some(KvBudget::new(move || budget)),
-            kv_elem_bytes: 1,
         }
     }
 
-    /// Gemma 4 12B's layers over an FP8 cache: 8 global layers of 1 x 512 (8192 K and V
-    /// elements a token), 40 sliding ones of 8 x 256 (163840) in rings of 9216 positions.
+    /// Gemma 4 12B's layers over an FP8 cache (a byte an element, scales left out): 8 global
+    /// layers of 1 x 512 (8192 K and V bytes a token), 40 sliding ones of 8 x 256 (163840) in
+    /// rings of 9216 positions.
     #[test]
     fn rings_come_out_of_the_budget_before_the_context() {
         const GIB: u64 = 1 << 30;
-        let (full, sliding, slots) = (8192, 163_840, 9216);
-        let ring_bytes = sliding as u64 * slots as u64;
+        let (full, sliding, slots) = (8192u64, 163_840u64, 9216usize);
+        let ring_bytes = sliding * slots as u64;
         // 20 GiB: the rings take 1.4 GiB, the rest holds the whole 262144-token context
         let o = opts(20 * GIB);
         assert_eq!(
@@ -249,12 +229,12 @@ mod tests {
         let o = opts(2 * GIB);
         assert_eq!(
             o.cap_context_ring(262_144, full, sliding, slots).unwrap(),
-            ((2 * GIB - ring_bytes) / full as u64) as usize
+            ((2 * GIB - ring_bytes) / full) as usize
         );
         // 1 GiB: the rings alone do not fit; every layer per token, below the rings' size
         let o = opts(GIB);
         let c = o.cap_context_ring(262_144, full, sliding, slots).unwrap();
-        assert_eq!(c, (GIB / (full + sliding) as u64) as usize);
+        assert_eq!(c, (GIB / (full + sliding)) as usize);
         assert!(c <= slots);
         // no budget: the model's own context
         assert_eq!(

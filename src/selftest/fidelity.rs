@@ -211,10 +211,7 @@ pub fn check_case<B: Backend>(case: &FidelityCase, backend: Arc<B>) -> FidelityR
     let mut notes = Vec::new();
     let mut ok = true;
     for (si, seq) in case.sequences.iter().enumerate() {
-        let (a, b) = match (
-            run_sequence(&m, seq),
-            run_sequence(&m, seq),
-        ) {
+        let (a, b) = match (run_sequence(&m, seq), run_sequence(&m, seq)) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => {
                 ok = false;

@@ -13,8 +13,8 @@ use super::models::{compare_greedy, greedy_verdict, load, Bounds, ModelRow, GREE
 use crate::backend::Backend;
 use crate::bench::presets;
 use crate::bench::synth::{self, FileQuant};
-use crate::engine::SamplingParams;
 use crate::model::CausalLm;
+use crate::sampling::SamplingParams;
 
 /// (preset, file type) of each row.
 pub const SYNTH_CASES: [(&str, FileQuant); 4] = [

@@ -139,7 +139,7 @@ impl Backend for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
     type KvCache = CpuKvCache;
-    type SamplerState = crate::engine::Sampler;
+    type SamplerState = crate::sampling::Sampler;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -546,17 +546,17 @@ impl Backend for CpuBackend {
 
     fn sampler_new(
         &self,
-        params: &crate::engine::SamplingParams,
+        params: &crate::sampling::SamplingParams,
         prompt: &[u32],
         vocab: usize,
-    ) -> Result<crate::engine::Sampler> {
+    ) -> Result<crate::sampling::Sampler> {
         if vocab == 0 {
             return Err(shape_err("sampler_new", "empty vocabulary".into()));
         }
-        Ok(crate::engine::Sampler::new(params.clone(), prompt, vocab))
+        Ok(crate::sampling::Sampler::new(params.clone(), prompt, vocab))
     }
 
-    fn sampler_accept(&self, state: &mut crate::engine::Sampler, id: u32) -> Result<()> {
+    fn sampler_accept(&self, state: &mut crate::sampling::Sampler, id: u32) -> Result<()> {
         state.accept(id);
         Ok(())
     }
@@ -564,7 +564,7 @@ impl Backend for CpuBackend {
     fn sample(
         &self,
         logits: CpuTensor,
-        state: &mut crate::engine::Sampler,
+        state: &mut crate::sampling::Sampler,
         banned: &[u32],
     ) -> Result<u32> {
         if logits.rows == 0 || logits.cols == 0 {

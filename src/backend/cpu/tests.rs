@@ -648,7 +648,7 @@ fn gated_delta_rule_matches_matrix_form() {
 #[test]
 fn sampling_refuses_rows_without_a_finite_logit() {
     let be = CpuBackend::new();
-    let params = crate::engine::SamplingParams {
+    let params = crate::sampling::SamplingParams {
         temperature: 0.0,
         ..Default::default()
     };

@@ -21,10 +21,10 @@ use super::readback::PooledReadback;
 use super::types::GpuTensor;
 use super::CudaDevice;
 use crate::backend::BackendError;
-use crate::engine::SamplingParams;
 use crate::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
 use crate::ops::penalties::{initial_counts, Penalties};
 use crate::ops::sample::SampleParams;
+use crate::sampling::SamplingParams;
 
 /// Most banned ids per step (EOS and stop ids); more is an error.
 pub const MAX_BANNED: usize = 256;

@@ -51,7 +51,12 @@ pub fn build_with<B: Backend>(
     let weights = layers::GemmaWeights::load(&ld, &spec)?;
     let (full, sliding) = spec.kv_elems_split();
     let slots = ring_slots(spec.window, crate::model::common::prefill_chunk());
-    spec.max_context = opts.cap_context_ring(spec.max_context, full, sliding, slots)?;
+    spec.max_context = opts.cap_context_ring(
+        spec.max_context,
+        backend.kv_bytes(full),
+        backend.kv_bytes(sliding),
+        slots,
+    )?;
     Ok(Arc::new(GemmaModel::new(spec, weights, backend)))
 }
 pub use spec::{GemmaSpec, LayerSpec, MoeSpec, Naming, NormForm};

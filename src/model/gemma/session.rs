@@ -13,12 +13,12 @@ use std::sync::Arc;
 use super::decoder::GemmaModel;
 use super::weights::me;
 use crate::backend::{Backend, KvShape};
-use crate::engine::SamplingParams;
 use crate::model::common::replay::StepReplay;
 use crate::model::{
     host_forward_sample, BackendSampler, CausalLm, Logits, ModelError, ModelInfo, Session,
     TokenSampler,
 };
+use crate::sampling::SamplingParams;
 
 /// Positions a sliding-window layer's ring keeps for a `window` and passes of up to `chunk`
 /// tokens: the `window - 1` positions before a pass's first query plus the pass itself, rounded

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use crate::backend::{Activation, AttnParams, Backend, KvShape, MoeParams, NormNext, Rope};
 use crate::bk;
-use crate::engine::SamplingParams;
 use crate::model::common::prefill_chunk;
 use crate::model::common::replay::StepReplay;
 use crate::model::common::source::BankSource;
@@ -18,6 +17,7 @@ use crate::model::{
     TokenSampler,
 };
 use crate::ops::RopeLayout;
+use crate::sampling::SamplingParams;
 
 use super::config::{Mixer, QwenConfig};
 use super::gdn::{GdnLayer, GdnState};
@@ -222,7 +222,7 @@ impl<B: Backend> QwenModel<B> {
             * 2
             * cfg.n_kv_heads
             * cfg.head_dim;
-        let max_context = opts.cap_context(max_context, kv_elems_per_token)?;
+        let max_context = opts.cap_context(max_context, be.kv_bytes(kv_elems_per_token))?;
         let info = ModelInfo {
             arch: cfg.variant.name().into(),
             vocab_size: vocab,

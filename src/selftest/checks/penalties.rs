@@ -10,10 +10,10 @@
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::{kernel_params, sample_scratch_words, CudaError, DevPtr};
-use crate::engine::{Sampler, SamplingParams};
 use crate::kernels::{BatchBucket, HeadDim, KernelKey, KernelSpec, Op, Quant};
 use crate::ops::penalties::{apply, count, initial_counts, Penalties, PROMPT_BIT};
 use crate::ops::sample::{kept, sample, SampleParams};
+use crate::sampling::{Sampler, SamplingParams};
 use rand::Rng;
 
 pub struct PenaltiesCheck;

@@ -168,6 +168,11 @@ impl CudaBackend {
         self
     }
 
+    /// The device's name (as the driver reports it).
+    pub fn device_name(&self) -> String {
+        self.dev.name()
+    }
+
     /// A backend on an already opened device.
     pub fn with_device(
         dev: Arc<CudaDevice>,
@@ -309,7 +314,7 @@ impl Backend for CudaBackend {
 
     fn sampler_new(
         &self,
-        params: &crate::engine::SamplingParams,
+        params: &crate::sampling::SamplingParams,
         prompt: &[u32],
         vocab: usize,
     ) -> Result<CudaSamplerState> {
@@ -416,6 +421,18 @@ impl Backend for CudaBackend {
 
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn kv_bytes(&self, elems: usize) -> u64 {
+        self.kv_type.bytes_for(elems)
+    }
+
+    fn free_memory(&self) -> Option<u64> {
+        self.dev
+            .context()
+            .mem_get_info()
+            .ok()
+            .map(|(f, _)| f as u64)
     }
 
     fn begin_forward(&self, ids: &[u32], pos0: usize) -> Result<()> {

@@ -1,3 +1,6 @@
+//! Sampling, below both the engine and the backends: the parameters of a request, the host
+//! sampler (the CPU backend's, and the reference of the CUDA one) and the log-probs it reports.
+//!
 //! CPU sampling: penalties, temperature, top-k, top-p, min-p, a seeded RNG, logprobs.
 //!
 //! Order (the one vLLM and HF transformers share): repetition penalty (over prompt and output),
@@ -10,7 +13,21 @@ use std::collections::HashMap;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{LogprobInfo, TokenLogprob};
+/// Log-probability of one token (natural log, of the model's distribution after penalties and
+/// before temperature / truncation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+}
+
+/// Logprobs reported for one sampled token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogprobInfo {
+    pub chosen: TokenLogprob,
+    /// The `top_logprobs` most likely alternatives, most likely first.
+    pub top: Vec<TokenLogprob>,
+}
 
 /// Sampling settings of one request.
 #[derive(Debug, Clone, PartialEq)]
