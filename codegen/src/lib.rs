@@ -11,6 +11,7 @@ pub mod legal;
 pub mod manifest;
 pub mod ptx;
 pub mod render;
+pub mod snapshots;
 
 use std::path::{Path, PathBuf};
 

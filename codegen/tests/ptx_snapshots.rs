@@ -1,7 +1,8 @@
 //! L1 (libnvrtc only, no GPU): every manifest instance compiles for its arch (so every
-//! sm_121a instance is checked in CI), every lib macro compiles on every arch, and the PTX of
-//! the representative set (`ptx_snapshot = true`) for sm_90a and sm_121a is an insta snapshot
-//! with NVRTC's version lines removed (`snapshots/ptx/<name>.snap`).
+//! sm_121a instance is checked in CI), every lib macro compiles on every arch, the PTX of the
+//! representative set (`ptx_snapshot = true`) for sm_90a and sm_121a is an insta snapshot with
+//! NVRTC's version lines removed (`snapshots/ptx/<name>.snap`), and every instance's PTX hash
+//! is in one lock (`snapshots/ptx/ptx_lock.snap`): any drift fails, naming the instance.
 
 mod common;
 
@@ -50,11 +51,15 @@ fn every_instance_compiles_and_representative_ptx_matches_snapshots() {
                 p.contains(&format!(".target {}", inst.key.arch)),
                 "{name}: wrong target"
             );
-            if inst.ptx_snapshot && matches!(inst.key.arch, SmArch::Sm90a | SmArch::Sm121a) {
+            if codegen::snapshots::ptx_snapshotted(inst) {
                 insta::assert_snapshot!(name.as_str(), ptx::normalize_ptx(p));
                 snapped += 1;
             }
         }
+        let lock = codegen::snapshots::ptx_lock(
+            names.iter().cloned().zip(ptxs.iter().map(String::as_str)),
+        );
+        insta::assert_snapshot!("ptx_lock", lock);
     });
     assert!(
         snapped > 0,

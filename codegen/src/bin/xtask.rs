@@ -2,7 +2,8 @@
 //!
 //! gen-kernels: renders every manifest instance, compiles all of them with NVRTC (filling the
 //! user's PTX cache, progress bar on a terminal), refreshes the insta snapshots of the rendered
-//! sources and of the representative PTX set, and deletes orphaned snapshots.
+//! sources, of the representative PTX set and of the PTX lock (every instance's PTX hash), and
+//! deletes orphaned snapshots.
 //! --check: the same, but changes nothing; fails (exit 1) when a snapshot is stale, missing or
 //! orphaned, naming the command to run. Needs NVRTC (see scripts/test.sh).
 
@@ -108,11 +109,15 @@ fn gen_kernels(check: bool) -> Result<bool> {
 
     // Orphans: snapshots of instances that no longer exist, and pending .snap.new files.
     let snaps = root.join("codegen/tests/snapshots");
-    let want_render: BTreeSet<String> = names.iter().cloned().collect();
+    let want_render: BTreeSet<String> = codegen::snapshots::render_snapshots(&rendered)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     let want_ptx: BTreeSet<String> = rendered
         .iter()
-        .filter(|(i, _)| i.ptx_snapshot && matches!(i.key.arch, SmArch::Sm90a | SmArch::Sm121a))
+        .filter(|(i, _)| codegen::snapshots::ptx_snapshotted(i))
         .map(|(i, _)| i.name())
+        .chain(["ptx_lock".to_string()])
         .collect();
     for (dir, want) in [
         (snaps.join("render"), &want_render),
