@@ -79,6 +79,12 @@ How the committed files were made, in three steps:
    value as it was); a case missing from the JSON, or run on other weights or tokens (fingerprint),
    is an error and nothing is written:
     python golden/make_fidelity.py --merge-hf-bf16 OUTFILE [--cases golden/fidelity]
+4. route-gap mode (MoE cases, here, CPU, float32): runs each sequence teacher-forced and writes
+   into golden.json "route_gaps" (before "sequences"; one list per sequence, one value per step):
+   the smallest gap, over the MoE layers, between the router's k-th and (k+1)-th logits at that
+   step's position. The selftest does not hold a step whose gap is under 0.01 to the bound: which
+   of two experts that close wins is rounding, as a greedy near-tie is:
+    python golden/make_fidelity.py --route-gaps [--cases golden/fidelity]
 The selftest widens a case's bound to twice its hf_bf16 deviation where that exceeds 0.05.
 (On the CPU, HF's own bf16 run deviates from the f32 reference by 0.09-0.34 on the attention-only
 cases (the seed search's bound is 0.35; before it, seeds of up to 2.2 were kept, gemma4_e4b's with
@@ -965,6 +971,62 @@ def merge_hf_bf16(in_file: Path, cases_dir: Path) -> int:
     return 0
 
 
+@torch.no_grad()
+def route_gaps(cases_dir: Path) -> int:
+    """Writes "route_gaps" into every MoE case's golden.json (see the module docs, mode 4)."""
+    from transformers import AutoModelForCausalLM
+
+    done = 0
+    for gpath in sorted(cases_dir.glob("*/golden.json")):
+        g = json.loads(gpath.read_text())
+        if g.get("kind") != "fidelity":
+            continue
+        model = AutoModelForCausalLM.from_pretrained(gpath.parent / "hf", dtype=torch.float32,
+                                                     attn_implementation="eager",
+                                                     experts_implementation="eager").eval()
+        routers = [m for n, m in model.named_modules() if "TopKRouter" in type(m).__name__
+                   or type(m).__name__.endswith("TextRouter")]
+        if not routers:
+            continue
+        seen: list[torch.Tensor] = []
+
+        def hook(_m, _args, out):
+            # (router logits or probabilities [n, E], top-k weights [n, k], top-k ids [n, k])
+            scores, _, idx = out
+            s = scores.float()
+            sums = s.sum(-1)
+            lp = torch.log(s) if torch.allclose(sums, torch.ones_like(sums)) else s
+            top = torch.sort(lp, -1, descending=True).values
+            k = idx.shape[-1]
+            seen.append((top[:, k - 1] - top[:, k]).double())
+
+        hs = [r.register_forward_hook(hook) for r in routers]
+        gaps = []
+        try:
+            for sq in g["sequences"]:
+                prompt, steps = sq["tokens"], sq["steps"]
+                ids = prompt + [st["greedy"] for st in steps[:-1]]
+                seen.clear()
+                model(input_ids=torch.tensor([ids]), use_cache=False)
+                per_pos = torch.stack(seen).min(0).values
+                gaps.append([f32(per_pos[len(prompt) - 1 + t]) for t in range(len(steps))])
+        finally:
+            for h in hs:
+                h.remove()
+        out = {}
+        for key, v in g.items():
+            if key == "route_gaps":
+                continue
+            if key == "sequences":
+                out["route_gaps"] = gaps
+            out[key] = v
+        gpath.write_text(json.dumps(out, separators=(",", ":")) + "\n")
+        low = min(min(x) for x in gaps)
+        print(f"{g['case']:12s} {len(routers)} routers, smallest top-k gap over the steps {low:.6f}")
+        done += 1
+    return 0 if done else 1
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -980,12 +1042,16 @@ def main() -> int:
     ap.add_argument("--hf-bf16", metavar="OUTFILE", help="bf16 mode: run every case in bf16, write OUTFILE")
     ap.add_argument("--merge-hf-bf16", metavar="FILE",
                     help="merge mode: write FILE's deviations (made by --hf-bf16) into the golden.json files")
-    ap.add_argument("--cases", default=str(DEFAULT_OUT), help="bf16 and merge modes: the cases folder")
+    ap.add_argument("--route-gaps", action="store_true",
+                    help="route-gap mode: write the MoE router top-k gaps into the golden.json files")
+    ap.add_argument("--cases", default=str(DEFAULT_OUT), help="bf16, merge, route-gap modes: the cases folder")
     args = ap.parse_args()
     if args.hf_bf16 and args.merge_hf_bf16:
         ap.error("--hf-bf16 and --merge-hf-bf16 are separate steps (GPU machine, then here)")
     if args.merge_hf_bf16:
         return merge_hf_bf16(Path(args.merge_hf_bf16), Path(args.cases))
+    if args.route_gaps:
+        return route_gaps(Path(args.cases))
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     if args.hf_bf16:
         return hf_bf16(Path(args.hf_bf16), Path(args.cases))

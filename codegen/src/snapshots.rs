@@ -82,7 +82,9 @@ mod tests {
     #[test]
     fn arches_with_the_same_source_share_a_snapshot() {
         let (a, b, c) = (inst("sm_80"), inst("sm_90a"), inst("sm_121a"));
-        let src = |i: &Instance, extra: &str| format!("// {}\nvoid {}() {{{extra}}}\n", i.name(), i.name());
+        let src = |i: &Instance, extra: &str| {
+            format!("// {}\nvoid {}() {{{extra}}}\n", i.name(), i.name())
+        };
         let r = vec![
             (a.clone(), src(&a, "x")),
             (b.clone(), src(&b, "")),
@@ -91,7 +93,10 @@ mod tests {
         let s = render_snapshots(&r);
         let names: Vec<&str> = s.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["rmsnorm_f32_sm_80", "rmsnorm_f32_sm_90a+sm_121a"]);
-        assert_eq!(s[1].1, "// rmsnorm_f32_{arch}\nvoid rmsnorm_f32_{arch}() {}\n");
+        assert_eq!(
+            s[1].1,
+            "// rmsnorm_f32_{arch}\nvoid rmsnorm_f32_{arch}() {}\n"
+        );
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub struct HfStep {
     pub top: Vec<(u32, f64)>,
     /// HF's top-2 log-prob gap.
     pub gap: f64,
+    /// MoE models: HF's smallest gap, over the MoE layers, between the router's k-th and
+    /// (k+1)-th logits at this step (None: no router, or not recorded).
+    pub route_gap: Option<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -62,10 +65,23 @@ impl FidelityCase {
 /// The bound of the issue: 0.05 log-prob, near-ties under 0.1, HF's top 3.
 pub const LOGPROB_BOUND: f64 = 0.05;
 
+/// A step whose router has two candidate experts closer than this (HF's logits, the k-th and
+/// the (k+1)-th) is a routing tie: which of them wins is rounding (a 6.9e-4 gap swapped experts
+/// on CUDA, whose f16 prefill activations move router inputs by more), so the step is not held
+/// to the bound, as a greedy near-tie is not held to greedy equality.
+pub const ROUTE_TIE: f64 = 0.01;
+
 fn parse_case(name: &str, dir: &Path, j: &Value) -> Result<FidelityCase, String> {
     let u = |v: &Value| v.as_u64().map(|x| x as u32);
     let mut sequences = Vec::new();
-    for s in j["sequences"].as_array().ok_or("no sequences")? {
+    let route_gaps = j["route_gaps"].as_array();
+    for (si, s) in j["sequences"]
+        .as_array()
+        .ok_or("no sequences")?
+        .iter()
+        .enumerate()
+    {
+        let route = route_gaps.and_then(|r| r.get(si)).and_then(Value::as_array);
         let tokens: Vec<u32> = s["tokens"]
             .as_array()
             .ok_or("sequence without tokens")?
@@ -73,7 +89,12 @@ fn parse_case(name: &str, dir: &Path, j: &Value) -> Result<FidelityCase, String>
             .filter_map(u)
             .collect();
         let mut steps = Vec::new();
-        for st in s["steps"].as_array().ok_or("sequence without steps")? {
+        for (t, st) in s["steps"]
+            .as_array()
+            .ok_or("sequence without steps")?
+            .iter()
+            .enumerate()
+        {
             let top = st["top"]
                 .as_array()
                 .ok_or("step without top")?
@@ -84,6 +105,7 @@ fn parse_case(name: &str, dir: &Path, j: &Value) -> Result<FidelityCase, String>
                 greedy: u(&st["greedy"]).ok_or("step without greedy")?,
                 gap: st["gap"].as_f64().ok_or("step without gap")?,
                 top,
+                route_gap: route.and_then(|r| r.get(t)).and_then(Value::as_f64),
             });
         }
         if tokens.is_empty() || steps.is_empty() {
@@ -210,6 +232,7 @@ pub fn check_case<B: Backend>(case: &FidelityCase, backend: Arc<B>) -> FidelityR
     };
     let mut notes = Vec::new();
     let mut ok = true;
+    let mut ties = 0;
     for (si, seq) in case.sequences.iter().enumerate() {
         let (a, b) = match (run_sequence(&m, seq), run_sequence(&m, seq)) {
             (Ok(a), Ok(b)) => (a, b),
@@ -233,6 +256,10 @@ pub fn check_case<B: Backend>(case: &FidelityCase, backend: Arc<B>) -> FidelityR
         }
         for (t, logits) in a.iter().enumerate() {
             let st = &seq.steps[t];
+            if st.route_gap.is_some_and(|g| g < ROUTE_TIE) {
+                ties += 1;
+                continue;
+            }
             let lp = log_softmax(logits);
             row.steps += 1;
             let mut worst = (0.0f64, 0u32);
@@ -261,6 +288,11 @@ pub fn check_case<B: Backend>(case: &FidelityCase, backend: Arc<B>) -> FidelityR
                 ));
             }
         }
+    }
+    if ties > 0 {
+        notes.push(format!(
+            "{ties} step(s) at a routing tie (HF router gap < {ROUTE_TIE}) not held"
+        ));
     }
     row.pass = ok && row.steps > 0;
     if row.steps == 0 && notes.is_empty() {
@@ -413,5 +445,27 @@ mod tests {
         );
         let bad: Value = serde_json::json!({"sequences": [{"tokens": [], "steps": []}]});
         assert!(parse_case("z", Path::new("/n"), &bad).is_err());
+    }
+
+    #[test]
+    fn route_gaps_attach_to_their_steps() {
+        let step = serde_json::json!({"greedy": 3, "gap": 0.5, "top": [[3, -0.2]]});
+        let j: Value = serde_json::json!({
+            "arch": "gemma4", "route_gaps": [[0.2, 0.0007], [0.5]],
+            "sequences": [{"tokens": [1], "steps": [step, step]}, {"tokens": [2], "steps": [step]}]
+        });
+        let c = parse_case("m", Path::new("/n"), &j).unwrap();
+        let g: Vec<Vec<Option<f64>>> = c
+            .sequences
+            .iter()
+            .map(|s| s.steps.iter().map(|st| st.route_gap).collect())
+            .collect();
+        assert_eq!(g, vec![vec![Some(0.2), Some(0.0007)], vec![Some(0.5)]]);
+        assert!(g[0][1].unwrap() < ROUTE_TIE && g[0][0].unwrap() >= ROUTE_TIE);
+        let plain: Value = serde_json::json!({"sequences": [{"tokens": [1], "steps": [step]}]});
+        assert_eq!(
+            parse_case("d", Path::new("/n"), &plain).unwrap().sequences[0].steps[0].route_gap,
+            None
+        );
     }
 }
