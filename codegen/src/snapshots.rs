@@ -19,10 +19,13 @@ fn base_name(inst: &Instance) -> String {
     name.strip_suffix(&sfx).unwrap_or(&name).to_string()
 }
 
+/// The distinct normalised sources of one base name, each with the arches that render it.
+type Variants = Vec<(String, Vec<SmArch>)>;
+
 /// The rendered-source snapshots: (snapshot name, text) in instance order of first appearance.
 pub fn render_snapshots(rendered: &[(Instance, String)]) -> Vec<(String, String)> {
     // per base name: distinct normalised sources with their arches, in order
-    let mut groups: Vec<(String, Vec<(String, Vec<SmArch>)>)> = Vec::new();
+    let mut groups: Vec<(String, Variants)> = Vec::new();
     for (inst, src) in rendered {
         let base = base_name(inst);
         let text = src.replace(inst.key.arch.as_str(), "{arch}");
