@@ -75,9 +75,6 @@ pub struct Tuning {
     pub moe_fused: bool,
     pub moe_norm_fused: bool,
     pub moe_down_early: bool,
-    /// Opt-in: a decode row's attention prep inside the attention launch (`__mma_prep`,
-    /// `FUCINA_ATTN_PREP_FUSED=1`; measured mixed, off by default).
-    pub attn_prep_fused: bool,
 
     // ---- launch shapes and sizes (unset: the measured default)
     pub defer_norm: Option<DeferNorm>,
@@ -148,7 +145,6 @@ impl Default for Tuning {
             moe_fused: true,
             moe_norm_fused: true,
             moe_down_early: true,
-            attn_prep_fused: false,
             defer_norm: None,
             gemv_s2: GemvS2::Long,
             gemv_ks: None,
@@ -207,7 +203,6 @@ impl Tuning {
             moe_fused: on("MOE_FUSED", d.moe_fused),
             moe_norm_fused: on("MOE_NORM_FUSED", d.moe_norm_fused),
             moe_down_early: on("MOE_DOWN_EARLY", d.moe_down_early),
-            attn_prep_fused: var("ATTN_PREP_FUSED").as_deref() == Some("1"),
             defer_norm: match var("DEFER_NORM").as_deref() {
                 Some("0") => Some(DeferNorm::Never),
                 Some("1") => Some(DeferNorm::Always),

@@ -572,38 +572,6 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         self.attention_done();
         o
     }
-    fn attn_prep_attention(
-        &self,
-        q: &Self::Tensor,
-        k: &Self::Tensor,
-        v: &Self::Tensor,
-        cache: &mut Self::KvCache,
-        pos0: usize,
-        prep: &AttnPrep<'_, Self::Tensor>,
-        p: &AttnParams,
-    ) -> Result<Self::Tensor> {
-        let r = self.reference.attn_prep_attention(
-            &q.r,
-            &k.r,
-            &v.r,
-            &mut cache.r,
-            pos0,
-            &prep_r(prep),
-            p,
-        )?;
-        let t = self.test.attn_prep_attention(
-            &q.t,
-            &k.t,
-            &v.t,
-            &mut cache.t,
-            pos0,
-            &prep_t(prep),
-            p,
-        )?;
-        let o = self.one("attn_prep_attention", r, t);
-        self.attention_done();
-        o
-    }
     fn kv_truncate(&self, cache: &mut Self::KvCache, len: usize) -> Result<()> {
         self.reference.kv_truncate(&mut cache.r, len)?;
         self.test.kv_truncate(&mut cache.t, len)

@@ -108,24 +108,6 @@ pub fn attn_prep_composed<B: Backend + ?Sized>(
     Ok(q)
 }
 
-/// [`Backend::attn_prep_attention`] as the two ops it fuses: `attn_prep`, then `attention` of
-/// the rotated q (the trait's default; public so a backend overriding it can be checked against
-/// it on the same device).
-#[allow(clippy::too_many_arguments)]
-pub fn attn_prep_attention_composed<B: Backend + ?Sized>(
-    be: &B,
-    q: &B::Tensor,
-    k: &B::Tensor,
-    v: &B::Tensor,
-    cache: &mut B::KvCache,
-    pos0: usize,
-    prep: &AttnPrep<'_, B::Tensor>,
-    p: &AttnParams,
-) -> Result<B::Tensor> {
-    let q = be.attn_prep(q, k, v, cache, pos0, prep)?;
-    be.attention(&q, cache, pos0, p)
-}
-
 /// What reads the normed row in [`Backend::linear_add_rms_norm_then`].
 pub enum NormNext<'a, W> {
     /// `linear_glu(n, w, act)` of a fused `[gate; up]` weight: one output.
@@ -584,23 +566,6 @@ pub trait Backend: Send + Sync + 'static {
         pos0: usize,
         p: &AttnParams,
     ) -> Result<Self::Tensor>;
-    /// A layer's attention from its projections: [`Backend::attn_prep`] (norms, RoPE, the
-    /// cache write), then [`Backend::attention`] of the rotated q, which is not returned.
-    /// Default: [`attn_prep_attention_composed`]. The CUDA backend runs a decode row as one
-    /// kernel where its tensor-core decode entry takes the head dim.
-    #[allow(clippy::too_many_arguments)]
-    fn attn_prep_attention(
-        &self,
-        q: &Self::Tensor,
-        k: &Self::Tensor,
-        v: &Self::Tensor,
-        cache: &mut Self::KvCache,
-        pos0: usize,
-        prep: &AttnPrep<'_, Self::Tensor>,
-        p: &AttnParams,
-    ) -> Result<Self::Tensor> {
-        attn_prep_attention_composed(self, q, k, v, cache, pos0, prep, p)
-    }
     /// Copy the first `n` positions of `src` into `dst` (KV sharing / rewinds).
     fn kv_truncate(&self, cache: &mut Self::KvCache, len: usize) -> Result<()>;
 

@@ -1,14 +1,5 @@
-//! Backend-level GPU checks of `attn_prep_attention` on a decode row: the CUDA backend's one
-//! launch (ops/attn_decode `__mma_prep`, turned on with `CudaBackend::with_fused_attn_prep`,
-//! which must take the case: `CudaBackend::prep_fusable`)
-//! against the two ops it replaces on the same device (attn_prep, then attention of its q).
-//!
-//! Bound 0: the attention output and every byte of the K / V caches equal. The fused entry
-//! norms with lib/rmsnorm's warp path in the 256-thread block order and rotates with lib/rope's
-//! pinned roundings, as attn_prep does, and the attention is the `__mma` code on the same q.
-//! Both runs first fill positions 0 .. pos0 with the same rows (attn_prep over a prefill), so
-//! the decode row attends over a live cache; each case runs with the step's position
-//! registered (as in a recorded decode step) and uploaded.
+//! Backend-level GPU checks of a decode row's attention from its projections, and the decode
+//! cases `backend_qkv_prep` reuses.
 //!
 //! `recorded_cases`: attn_prep then attention of a decode row recorded once as a step (a CUDA
 //! graph, programmatic launches on sm_90+) and replayed, against the same ops run directly.
@@ -20,7 +11,7 @@ use super::backend_ops::{host, Ctx, Pair, R};
 use super::check::uniform;
 use crate::backend::cuda::kv::kv_layout;
 use crate::backend::cuda::{CudaBackend, KvType};
-use crate::backend::{attn_prep_attention_composed, AttnParams, Backend, KvShape, Rope};
+use crate::backend::{AttnParams, Backend, KvShape, Rope};
 use crate::ops::RopeLayout;
 
 /// One decode case: heads, RoPE, norms (q, k, v: None / 0 plain / 1 1+w / 2 none), position.
@@ -103,89 +94,22 @@ pub(super) fn cases() -> Vec<Case> {
 
 pub(super) fn attend_cases(cx: &mut Ctx) {
     recorded_cases(cx);
-    let fused =
-        |kv| CudaBackend::with_device(cx.gpu.dev.clone(), kv).map(|b| b.with_fused_attn_prep(true));
-    let (fp8, f16) = (fused(KvType::Fp8E4m3), fused(KvType::F16));
-    for c in cases() {
-        let hd = c.rope.head_dim;
-        let (qw, kw) = (c.heads * hd, c.hkv * hd);
-        let n = c.pos0 + 1;
-        let q = uniform(&mut cx.rng, n * qw, -3.0, 3.0);
-        let k = uniform(&mut cx.rng, n * kw, -3.0, 3.0);
-        let v = uniform(&mut cx.rng, n * kw, -3.0, 3.0);
-        let w: Vec<Vec<f32>> = (0..3)
-            .map(|_| uniform(&mut cx.rng, hd, -1.0, 1.5))
-            .collect();
-        let mut rows_out: Vec<(String, R<Pair>)> = Vec::new();
-        for kv in [KvType::Fp8E4m3, KvType::F16] {
-            let gpu = match if kv == KvType::F16 { &f16 } else { &fp8 } {
-                Ok(b) => b,
-                Err(e) => {
-                    rows_out.push((
-                        format!("attn_prep_attention {} {kv:?}", c.name),
-                        Err(anyhow::anyhow!(
-                            "backend with the fused attention input: {e}"
-                        )),
-                    ));
-                    continue;
-                }
-            };
-            let shape = KvShape::full(c.hkv, hd, 512);
-            let params = params(c.heads, c.hkv, hd);
-            // the attention output, then the K / V cache bytes; `fused`: the backend's op
-            let run = |fused: bool, registered: bool| -> R<Vec<f32>> {
-                let gw = prep_weights(gpu, &w, hd)?;
-                let prep = prep_of(&gw, c.modes, (c.heads, c.hkv), &c.rope);
-                let mut cache = gpu.kv_cache(shape)?;
-                let rows = |x: &[f32], r0: usize, r1: usize, cols: usize| {
-                    gpu.tensor(&x[r0 * cols..r1 * cols], r1 - r0, cols)
-                };
-                if c.pos0 > 0 {
-                    let ids: Vec<u32> = (0..c.pos0 as u32).collect();
-                    gpu.begin_forward(&ids, 0)?;
-                    let (pq, pk, pv) = (
-                        rows(&q, 0, c.pos0, qw)?,
-                        rows(&k, 0, c.pos0, kw)?,
-                        rows(&v, 0, c.pos0, kw)?,
-                    );
-                    gpu.attn_prep(&pq, &pk, &pv, &mut cache, 0, &prep)?;
-                }
-                gpu.begin_forward(&[0], if registered { c.pos0 } else { 10_000 })?;
-                let (dq, dk, dv) = (
-                    rows(&q, c.pos0, n, qw)?,
-                    rows(&k, c.pos0, n, kw)?,
-                    rows(&v, c.pos0, n, kw)?,
-                );
-                let out = if fused {
-                    if !gpu.prep_fusable((&dq, &dk, &dv), &cache, &prep, &params)? {
-                        anyhow::bail!("the backend does not fuse this case");
-                    }
-                    gpu.attn_prep_attention(&dq, &dk, &dv, &mut cache, c.pos0, &prep, &params)?
-                } else {
-                    attn_prep_attention_composed(
-                        gpu, &dq, &dk, &dv, &mut cache, c.pos0, &prep, &params,
-                    )?
-                };
-                with_cache(host(gpu, &out)?, &cache)
-            };
-            let kvn = if kv == KvType::F16 { "f16" } else { "fp8" };
-            for registered in [true, false] {
-                let same =
-                    (|| -> R<Pair> { Ok((run(true, registered)?, run(false, registered)?)) })();
-                let how = if registered { "step" } else { "uploaded" };
-                rows_out.push((
-                    format!(
-                        "attn_prep_attention {} {kvn} at {} ({how}) == attn_prep + attention",
-                        c.name, c.pos0
-                    ),
-                    same,
-                ));
-            }
-        }
-        for (name, r) in rows_out {
-            cx.case(name, 0.0, |_| r);
-        }
-    }
+}
+
+/// attn_prep, then attention of its q: a decode layer's attention from its projections.
+#[allow(clippy::too_many_arguments)]
+fn prep_then_attend(
+    gpu: &CudaBackend,
+    q: &crate::backend::cuda::GpuTensor,
+    k: &crate::backend::cuda::GpuTensor,
+    v: &crate::backend::cuda::GpuTensor,
+    cache: &mut crate::backend::cuda::GpuKvCache,
+    pos0: usize,
+    prep: &crate::backend::AttnPrep<'_, crate::backend::cuda::GpuTensor>,
+    params: &AttnParams,
+) -> crate::backend::Result<crate::backend::cuda::GpuTensor> {
+    let q = gpu.attn_prep(q, k, v, cache, pos0, prep)?;
+    gpu.attention(&q, cache, pos0, params)
 }
 
 /// Overwrite position `pos`'s K and V rows (every KV head) with NaN of the cache type.
@@ -229,8 +153,7 @@ fn recorded_cases(cx: &mut Ctx) {
 
 fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
     let gpu = CudaBackend::with_device(cx.gpu.dev.clone(), kv)
-        .map_err(|e| anyhow::anyhow!("backend: {e}"))?
-        .with_fused_attn_prep(false);
+        .map_err(|e| anyhow::anyhow!("backend: {e}"))?;
     let hd = c.rope.head_dim;
     let (qw, kw) = (c.heads * hd, c.hkv * hd);
     let w: Vec<Vec<f32>> = (0..3)
@@ -266,16 +189,7 @@ fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
     if !gpu.record_begin()? {
         anyhow::bail!("the backend does not record steps (FUCINA_NO_GRAPHS is set)");
     }
-    let out = match attn_prep_attention_composed(
-        &gpu,
-        &dq,
-        &dk,
-        &dv,
-        &mut rec_cache,
-        c.pos0,
-        &prep,
-        &params,
-    ) {
+    let out = match prep_then_attend(&gpu, &dq, &dk, &dv, &mut rec_cache, c.pos0, &prep, &params) {
         Ok(o) => o,
         Err(e) => {
             gpu.record_abort();
@@ -299,7 +213,7 @@ fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
         got.extend(with_cache(host(&gpu, &out)?, &rec_cache)?);
         poison_row(&direct_cache, c.pos0)?;
         gpu.begin_forward(&[0], c.pos0)?;
-        let o = attn_prep_attention_composed(
+        let o = prep_then_attend(
             &gpu,
             &dq,
             &dk,

@@ -5,9 +5,9 @@
 //!
 //! Bound 0: the rotated q and every byte of the K / V caches equal. The entry's dots are the
 //! GEMV main entry's (the same rows_dot and warp_sum), its norm lib/rmsnorm's warp path in
-//! attn_prep's 256-thread block order and its rotation lib/rope's, as attn_decode's
-//! `__mma_prep` does (whose rows check that order against attn_prep). Both runs first fill
-//! positions 0 .. pos0 with the same rows, and run with the step's position registered.
+//! attn_prep's 256-thread block order and its rotation lib/rope's (lib/prep_warp). Both runs
+//! first fill positions 0 .. pos0 with the same rows, and run with the step's position
+//! registered.
 
 use super::backend_attend::{cases, Case};
 use super::backend_fused::{prep_of, prep_weights, with_cache};

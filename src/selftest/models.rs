@@ -611,17 +611,8 @@ pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
                     e.to_string(),
                 )),
             }
-            // head dim 128 files with the attention input made inside the decode attention
-            match CudaBackend::new(ordinal, kv) {
-                Ok(g) => part.extend(super::synth_models::check_fused_prep(
-                    &Arc::new(g.with_fused_attn_prep(true)),
-                    &cpu_int8,
-                )),
-                Err(e) => part.push(ModelRow::failed(
-                    "fused attention input backend".into(),
-                    e.to_string(),
-                )),
-            }
+            // head dim 128 files (the decode attention's tensor-core entries)
+            part.extend(super::synth_models::check_hd128(&gpu, &cpu_int8));
             // sliding-window rings wrapped several times, against the whole context
             part.extend(super::ring_models::ring_rows(&gpu, &cpu));
         }

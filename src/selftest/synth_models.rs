@@ -79,26 +79,15 @@ pub fn check_deferred<T: Backend, R: Backend>(test: &Arc<T>, reference: &Arc<R>)
     check_cases(&DEFERRED_CASES, ", deferred norms", test, reference)
 }
 
-/// The tiny Qwen3 files at head dim 128, whose decode runs attn_prep inside the decode
-/// attention kernel when the backend is told to (`CudaBackend::with_fused_attn_prep`; off by
-/// default), with the default GEMVs around it.
-pub const FUSED_PREP_CASES: [(&str, FileQuant); 2] = [
+/// The tiny Qwen3 files at head dim 128 (the decode attention's tensor-core entries).
+pub const HD128_CASES: [(&str, FileQuant); 2] = [
     ("tiny-qwen3-hd128", FileQuant::Q4_0),
     ("tiny-qwen3-hd128", FileQuant::Q4KM),
 ];
 
-/// One row per [`FUSED_PREP_CASES`] entry: `test` (a backend fusing the attention input) against
-/// `reference`.
-pub fn check_fused_prep<T: Backend, R: Backend>(
-    test: &Arc<T>,
-    reference: &Arc<R>,
-) -> Vec<ModelRow> {
-    check_cases(
-        &FUSED_PREP_CASES,
-        ", fused attention input",
-        test,
-        reference,
-    )
+/// One row per [`HD128_CASES`] entry: `test` against `reference`.
+pub fn check_hd128<T: Backend, R: Backend>(test: &Arc<T>, reference: &Arc<R>) -> Vec<ModelRow> {
+    check_cases(&HD128_CASES, "", test, reference)
 }
 
 fn check_one<T: Backend, R: Backend>(
@@ -199,9 +188,9 @@ mod tests {
         assert_eq!(rows.len(), SYNTH_CASES.len());
         let deferred = check_deferred(&a, &a.clone());
         assert_eq!(deferred.len(), DEFERRED_CASES.len());
-        let fused = check_fused_prep(&a, &a.clone());
-        assert_eq!(fused.len(), FUSED_PREP_CASES.len());
-        for r in rows.iter().chain(&deferred).chain(&fused) {
+        let hd128 = check_hd128(&a, &a.clone());
+        assert_eq!(hd128.len(), HD128_CASES.len());
+        for r in rows.iter().chain(&deferred).chain(&hd128) {
             assert!(r.pass && r.max_abs == 0.0, "{}: {}", r.name, r.note);
             assert!(r.note.contains("32 tokens equal"), "{}", r.note);
         }

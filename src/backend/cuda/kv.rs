@@ -25,7 +25,6 @@ use super::launch_decode::{
     decode_gqa_default, AttnDecodeLaunch, DecodeEntry, GqaMerge, MAX_DECODE_BLOCK_HEADS,
     MAX_DECODE_SPLITS,
 };
-use super::launch_decode_prep::DecodePrep;
 use super::types::{GpuKvCache, KvType, Q8Ptrs};
 use super::CudaDevice;
 use crate::backend::{AttnParams, KvShape};
@@ -328,9 +327,7 @@ impl CudaDevice {
     ///
     /// n == 1: split-K decode (launch independent of the position: graph-capturable); with
     /// `q8` it also writes the output's int8 side-car there (head dims of whole 128s), what
-    /// `quantize_q8` would make of it; with `prep` (the tensor-core entry only) `q` is the
-    /// unnormed projection and the kernel first does what attn_prep would (norms, RoPE, the
-    /// new K / V row into the cache; [`DecodePrep`]);
+    /// `quantize_q8` would make of it;
     /// n > 1: the prefill kernel over all rows at once.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
@@ -343,15 +340,8 @@ impl CudaDevice {
         max_pos: usize,
         p: &AttnParams,
         q8: Option<Q8Ptrs>,
-        prep: Option<&DecodePrep<'_>>,
     ) -> Result<DevBuf, CudaError> {
         check_attention(cache, n, max_pos, p)?;
-        if prep.is_some() && n != 1 {
-            return Err(bad(
-                "attention",
-                format!("the decode entry makes its own input for one row, not {n}"),
-            ));
-        }
         if q8.is_some() && (n != 1 || p.head_dim % 128 != 0) {
             return Err(bad(
                 "attention",
@@ -421,7 +411,6 @@ impl CudaDevice {
                 out.f32(),
                 q8,
                 counters.cast::<u32>(),
-                prep,
             )?;
         } else {
             let spec = self.resolve(Op::AttnPrefill, quant, hd, BatchBucket::Any)?;

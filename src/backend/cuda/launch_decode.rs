@@ -5,7 +5,6 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
 use super::error::{drv, CudaError};
-use super::launch_decode_prep::DecodePrep;
 use super::types::Q8Ptrs;
 use super::CudaDevice;
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
@@ -227,7 +226,6 @@ impl CudaDevice {
         out: DevPtr<f32>,
         q8: Option<Q8Ptrs>,
         counters: DevPtr<u32>,
-        prep: Option<&DecodePrep<'_>>,
     ) -> Result<(), CudaError> {
         const OP: &str = "attn_decode";
         if spec.key.op != Op::AttnDecode {
@@ -262,21 +260,6 @@ impl CudaDevice {
                 ));
             }
             e => e,
-        };
-        // `__mma_prep`: the tensor-core entry making its own input (one sequence)
-        let prep = match prep {
-            None => None,
-            Some(_) if entry != DecodeEntry::Mma || p.batch != 1 => {
-                return Err(invalid(
-                    OP,
-                    format!(
-                        "the attention input is made only by the tensor-core entry of one sequence \
-                         ({} has {entry:?}, batch {})",
-                        spec.name, p.batch
-                    ),
-                ));
-            }
-            Some(pr) => Some(pr.args(OP, d, kvb, p.hkv, p.max_pages, p.window)?),
         };
         // heads per block: the whole group for `__gqa` (head_split 1), else at most GMAX (and
         // for `__mma` partials within its shared memory)
@@ -381,9 +364,6 @@ impl CudaDevice {
             _ => None,
         };
         let f = match entry {
-            DecodeEntry::Mma if prep.is_some() => {
-                self.function_suffixed_smem(spec, "mma_prep", MMA_PARTIALS_MAX)?
-            }
             DecodeEntry::Mma if g <= MMAW_MAX_HEADS && decode_key_has_mmaw(&spec.key) => {
                 self.function_suffixed_smem(spec, "mmaw", MMA_PARTIALS_MAX)?
             }
@@ -465,16 +445,11 @@ impl CudaDevice {
         if entry == DecodeEntry::Gqa {
             b.arg(&fused_merge);
         }
-        if let Some(a) = &prep {
-            a.push(&mut b);
-        }
         // SAFETY: matches ops/attn_decode (q, k_cache, v_cache, block_table, q_pos, part_o,
         // part_ml, out, counters, hq, hkv, head_split, page_size, max_pages, min_chunk, scale,
         // k_scales, v_scales (an FP8 cache's row scales, checked above; null for f16),
         // softcap, window, xq, xds: null or [batch][hq][d] int8 and
-        // [batch][hq][d / 32] float2, checked above; `__gqa` also fused_merge: i32; `__mma_prep`
-        // also the 18 arguments of PrepArgs::push, checked by DecodePrep::args: k / v of one
-        // row, norm weights of d values, freq factors, a full cache); sizes checked
+        // [batch][hq][d / 32] float2, checked above; `__gqa` also fused_merge: i32); sizes checked
         // above (with head_split 1 the counters are [batch][hkv]); the kernel clamps the key
         // count to max_pages * page_size and touches part_o / part_ml / counters only below
         // [batch][hq][splits] / [batch][hkv][head_split]; block table entries must be < the cache's pages

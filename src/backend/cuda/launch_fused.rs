@@ -42,8 +42,8 @@ fn norm_mode(
     Ok((mode, w.raw()))
 }
 
-/// The checks attn_prep's inputs share with the decode attention that makes them
-/// (`launch_decode_prep`): enough RoPE frequency divisors; then the `(mode, pointer)` arguments
+/// The checks attn_prep's inputs share with the q|k|v GEMV that makes them (`launch_qkvp`):
+/// enough RoPE frequency divisors; then the `(mode, pointer)` arguments
 /// of the q, k and v norms (weights of `d` values).
 pub(crate) fn prep_factors(
     op: &'static str,

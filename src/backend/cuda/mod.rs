@@ -19,7 +19,6 @@ pub mod kv;
 mod launch;
 pub mod launch_attn;
 mod launch_decode;
-mod launch_decode_prep;
 mod launch_fused;
 mod launch_gemm;
 mod launch_glu;
@@ -51,7 +50,6 @@ pub use launch_decode::{
     gqa_fused_merge_default, gqa_fused_merge_fits, AttnDecodeLaunch, AttnScratch, DecodeEntry,
     GqaMerge, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS,
 };
-pub use launch_decode_prep::DecodePrep;
 pub use launch_fused::{
     norm_add_chunks, AttnPrepBufs, AttnPrepLaunch, NormAddWeights, ATTN_PREP_MAX_HEAD_DIM,
 };

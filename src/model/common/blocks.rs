@@ -346,7 +346,10 @@ impl<B: Backend> AttentionLayer<B> {
         let mut a = match self.prep_eps() {
             // q/k norms, RoPE, the cache write and the attention as one op (on the GPU one or
             // two kernels)
-            Some(eps) => bk!(be.attn_prep_attention(&q, &k, &v, cache, pos0, &self.prep(eps), p,))?,
+            Some(eps) => {
+                let q = bk!(be.attn_prep(&q, &k, &v, cache, pos0, &self.prep(eps)))?;
+                bk!(be.attention(&q, cache, pos0, p))?
+            }
             None => {
                 let q = match &self.q_norm {
                     Some(n) => n.apply(be, &q)?,

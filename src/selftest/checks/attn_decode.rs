@@ -304,7 +304,6 @@ impl KernelCheck for AttnDecodeCheck {
                         *out,
                         q8,
                         DevPtr::of(&scratch.counters),
-                        None,
                     )
                 };
                 let zeros = vec![0f32; scratch.counters.len()];

@@ -214,7 +214,6 @@ impl KernelCheck for AttnPrefillCheck {
                 total - 1,
                 &ap,
                 None,
-                None,
             )?;
             let dispatch = Comparison::new(&got.read::<f32>(c.n * c.hq * d)?, &want);
             cmp = cmp.merge(dispatch);
@@ -224,7 +223,7 @@ impl KernelCheck for AttnPrefillCheck {
                 .slice(last * rl, rl)
                 .ok_or_else(|| err("q"))?;
             let p1 = DevPtr::of(&dpos).slice(last, 1).ok_or_else(|| err("pos"))?;
-            let got = dev.attention(&pool, q1, 1, &cache, p1, total - 1, &ap, None, None)?;
+            let got = dev.attention(&pool, q1, 1, &cache, p1, total - 1, &ap, None)?;
             let decode = Comparison::new(&got.read::<f32>(rl)?, &want[last * rl..(last + 1) * rl]);
             // which path an error comes from (RUST_LOG=debug)
             tracing::debug!(

@@ -8,9 +8,7 @@
 //! the kernel's multi-row entry (one warp per (row, head)), whose bytes equal the decode form's.
 
 use super::super::buf::DevPtr;
-use super::super::kv::kv_head_dim;
 use super::super::kv::{kv_layout, kv_quant};
-use super::super::launch_decode::{decode_gqa_default, decode_mma_default};
 use super::super::launch_fused::{
     AttnPrepBufs, AttnPrepLaunch, NormAddWeights, ATTN_PREP_MAX_HEAD_DIM,
 };
@@ -18,9 +16,7 @@ use super::super::launch_prefill::{attn_prep_rows_suffix, PREFILL_MIN_ROWS};
 use super::super::launch_ptr::NormWeightPtr;
 use super::super::types::{Bf16Side, GpuKvCache, GpuTensor, Q8Side};
 use super::CudaBackend;
-use crate::backend::{
-    attn_prep_composed, AttnParams, AttnPrep, BackendError, Norm, PostNorm, Result,
-};
+use crate::backend::{attn_prep_composed, AttnPrep, BackendError, Norm, PostNorm, Result};
 use crate::kernels::{BatchBucket, Op, Quant};
 
 fn shape(op: &'static str, detail: String) -> BackendError {
@@ -351,46 +347,6 @@ impl CudaBackend {
         }
         cache.len = cache.len.max(pos0 + q.rows);
         Ok(q_out)
-    }
-
-    /// Whether [`Self::attn_prep_attention_impl`] runs these inputs as one kernel: turned on
-    /// ([`Self::with_fused_attn_prep`], `FUCINA_ATTN_PREP_FUSED=1`), one row, shapes attn_prep
-    /// takes, a full cache, the decode attention's tensor-core entry, attn_prep at its
-    /// 256-thread block (the rounding `__mma_prep` reproduces).
-    pub fn prep_fusable(
-        &self,
-        (q, k, v): (&GpuTensor, &GpuTensor, &GpuTensor),
-        cache: &GpuKvCache,
-        prep: &AttnPrep<'_, GpuTensor>,
-        p: &AttnParams,
-    ) -> Result<bool> {
-        if !self.fuse_attn_prep()
-            || q.rows != 1
-            || p.window.is_some()
-            || p.head_dim != prep.rope.head_dim
-        {
-            return Ok(false);
-        }
-        if !self.prep_fits(q, k, v, cache, prep)? {
-            return Ok(false);
-        }
-        let layout = kv_layout(&cache.shape, cache.kv_type);
-        if layout.ring_pages != layout.pages() {
-            return Ok(false);
-        }
-        let quant = kv_quant(cache.kv_type);
-        let Some(hd) = kv_head_dim(p.head_dim) else {
-            return Ok(false);
-        };
-        let spec = self
-            .dev
-            .resolve(Op::AttnDecode, quant, hd, BatchBucket::Any)?;
-        let threads = self
-            .kern(Op::AttnPrep, quant, BatchBucket::Any)?
-            .spec
-            .param_u32("threads")
-            .unwrap_or(256);
-        Ok(!decode_gqa_default(spec) && decode_mma_default(spec) && threads == 256)
     }
 }
 

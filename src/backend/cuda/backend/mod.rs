@@ -77,9 +77,6 @@ pub struct CudaBackend {
     /// Whether decode defers RMSNorms (`linear_res.rs`): None follows `FUCINA_DEFER_NORM` and
     /// the measured default.
     defer_norm: Option<bool>,
-    /// Whether a decode row's attn_prep runs inside the decode attention kernel
-    /// (`attn_prep_attention`): None follows `FUCINA_ATTN_PREP_FUSED` (off unless 1).
-    fuse_attn_prep: Option<bool>,
     /// Whether a deferred norm's q4_kr + q6_kr consumers run as one `__rsqv` launch: None
     /// follows `FUCINA_RSQV` (on unless 0).
     rsqv: Option<bool>,
@@ -117,14 +114,6 @@ impl CudaBackend {
         self
     }
 
-    /// This backend running a decode row's attn_prep inside the decode attention kernel where
-    /// the kernel takes it (`true`) or never, whatever `FUCINA_ATTN_PREP_FUSED` says (the
-    /// selftest's fused rows).
-    pub fn with_fused_attn_prep(mut self, on: bool) -> Self {
-        self.fuse_attn_prep = Some(on);
-        self
-    }
-
     /// This backend running a deferred norm's q4_kr + q6_kr consumers as one `__rsqv` launch
     /// (`true`) or as two, whatever `FUCINA_RSQV` says (the selftest's rows).
     pub fn with_rsqv(mut self, on: bool) -> Self {
@@ -145,14 +134,6 @@ impl CudaBackend {
     pub fn with_rs_wide(mut self, on: bool) -> Self {
         self.rs_wide = Some(on);
         self
-    }
-
-    /// Whether [`Self::with_fused_attn_prep`] or the environment turn the fused attention
-    /// input on. Off by default: measured on the H200 (Qwen3-8B decode after a 512-token
-    /// prompt) +0.7% with Q4_0 weights, -0.7% with Q8_0, -3.3% with Q4_K_M.
-    pub(super) fn fuse_attn_prep(&self) -> bool {
-        self.fuse_attn_prep
-            .unwrap_or(crate::tuning::get().attn_prep_fused)
     }
 
     /// Open device `ordinal` (PTX cache from the environment) with a pool on its stream.
@@ -203,7 +184,6 @@ impl CudaBackend {
             progress: Arc::new(AtomicUsize::new(0)),
             moe_counters,
             defer_norm: None,
-            fuse_attn_prep: None,
             rsqv: None,
             rs_wide: None,
             qkv_prep: None,
@@ -663,20 +643,7 @@ impl Backend for CudaBackend {
         pos0: usize,
         p: &AttnParams,
     ) -> Result<GpuTensor> {
-        self.attention_impl(q, cache, pos0, p, None)
-    }
-
-    fn attn_prep_attention(
-        &self,
-        q: &GpuTensor,
-        k: &GpuTensor,
-        v: &GpuTensor,
-        cache: &mut GpuKvCache,
-        pos0: usize,
-        prep: &AttnPrep<'_, GpuTensor>,
-        p: &AttnParams,
-    ) -> Result<GpuTensor> {
-        self.attn_prep_attention_impl(q, k, v, cache, pos0, prep, p)
+        self.attention_impl(q, cache, pos0, p)
     }
 
     fn kv_truncate(&self, cache: &mut GpuKvCache, len: usize) -> Result<()> {
