@@ -170,3 +170,14 @@ fn cpu_seconds() -> Option<f64> {
     let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
     Some(ticks / 100.0)
 }
+
+/// The selftest's whole-model check of this file (`fucina::selftest::models::check_gemma3_270m`,
+/// greedy text and logits) passes with the CPU backend on both sides.
+#[test]
+fn selftest_text_check_passes_on_cpu_against_cpu() {
+    let a = Arc::new(CpuBackend::new());
+    let r = fucina::selftest::models::check_gemma3_270m(&asset(), &a, &a.clone(), None);
+    let rows = std::slice::from_ref(&r);
+    assert!(r.pass, "{}", fucina::selftest::models::format_rows(rows));
+    assert!(r.note.len() > 10, "{}", r.note);
+}
