@@ -17,7 +17,7 @@ use std::sync::Mutex;
 
 use super::{
     Activation, AttnParams, AttnPrep, Backend, BackendError, KvShape, MoeParams, Need, Norm,
-    NormNext, PostNorm, RecordedStep, Result, Rope,
+    NormNext, PostNorm, RecordedStep, Result, Rope, Step, StepOf, StepPlan,
 };
 use crate::sampling::SamplingParams;
 use crate::weights::TensorRef;
@@ -25,7 +25,7 @@ use crate::weights::TensorRef;
 /// One compared output.
 #[derive(Debug, Clone)]
 pub struct OpRecord {
-    /// Forward pass (one per `begin_forward`), from 0.
+    /// Forward pass (one per step made or rewritten), from 0.
     pub pass: usize,
     /// Attention ops completed in this pass before this op (the layer, for attention models).
     pub attn: usize,
@@ -244,6 +244,17 @@ impl<R: Backend, T: Backend> DiffBackend<R, T> {
         self.cmp(op, r.into_iter().zip(t).collect())
     }
 
+    /// A new forward pass begins (a pass that compared nothing yet, a step made twice for
+    /// one pass, is not a new one).
+    fn new_pass(&self) {
+        let mut s = self.lock();
+        if s.in_pass > 0 {
+            s.pass += 1;
+        }
+        s.in_pass = 0;
+        s.attn = 0;
+    }
+
     fn attention_done(&self) {
         self.lock().attn += 1;
     }
@@ -254,6 +265,7 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
     type Weight = DiffWeight<R, T>;
     type KvCache = DiffKv<R, T>;
     type SamplerState = (R::SamplerState, T::SamplerState);
+    type StepData = (StepOf<R>, StepOf<T>);
 
     fn name(&self) -> &'static str {
         "diff"
@@ -268,25 +280,25 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         self.test.free_memory()
     }
 
-    fn begin_forward(&self, ids: &[u32], pos0: usize) -> Result<()> {
-        {
-            // a pass that compared nothing yet (a caller announcing the same pass twice) is
-            // not a new one
-            let mut s = self.lock();
-            if s.in_pass > 0 {
-                s.pass += 1;
-            }
-            s.in_pass = 0;
-            s.attn = 0;
-        }
-        self.reference.begin_forward(ids, pos0)?;
-        self.test.begin_forward(ids, pos0)
+    fn step(&self, plan: StepPlan) -> Result<StepOf<Self>> {
+        self.new_pass();
+        let r = self.reference.step(plan.clone())?;
+        let t = self.test.step(plan.clone())?;
+        Ok(Step::new(plan, (r, t)))
+    }
+    fn step_set(&self, step: &mut StepOf<Self>, plan: StepPlan) -> Result<()> {
+        self.new_pass();
+        let (p, (r, t)) = step.parts_mut();
+        self.reference.step_set(r, plan.clone())?;
+        self.test.step_set(t, plan.clone())?;
+        *p = plan;
+        Ok(())
     }
 
-    fn record_begin(&self) -> Result<bool> {
+    fn record_begin(&self, _step: &StepOf<Self>) -> Result<bool> {
         Ok(false)
     }
-    fn record_end(&self) -> Result<RecordedStep> {
+    fn record_end(&self, _step: &StepOf<Self>) -> Result<RecordedStep> {
         Err(BackendError::Unsupported {
             op: "record_end",
             backend: "diff",
@@ -326,9 +338,10 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         })
     }
 
-    fn embed(&self, table: &Self::Weight, ids: &[u32], scale: f32) -> Result<Self::Tensor> {
-        let r = self.reference.embed(&table.r, ids, scale)?;
-        let t = self.test.embed(&table.t, ids, scale)?;
+    fn embed(&self, table: &Self::Weight, step: &StepOf<Self>, scale: f32) -> Result<Self::Tensor> {
+        let (sr, st) = step.dev();
+        let r = self.reference.embed(&table.r, sr, scale)?;
+        let t = self.test.embed(&table.t, st, scale)?;
         self.one("embed", r, t)
     }
     fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor> {
@@ -493,11 +506,12 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         &self,
         x: &Self::Tensor,
         n_heads: usize,
-        pos0: usize,
+        step: &StepOf<Self>,
         rope: &Rope,
     ) -> Result<Self::Tensor> {
-        let r = self.reference.rope(&x.r, n_heads, pos0, rope)?;
-        let t = self.test.rope(&x.t, n_heads, pos0, rope)?;
+        let (sr, st) = step.dev();
+        let r = self.reference.rope(&x.r, n_heads, sr, rope)?;
+        let t = self.test.rope(&x.t, n_heads, st, rope)?;
         self.one("rope", r, t)
     }
 
@@ -510,12 +524,13 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
     fn kv_write(
         &self,
         cache: &mut Self::KvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         k: &Self::Tensor,
         v: &Self::Tensor,
     ) -> Result<()> {
-        self.reference.kv_write(&mut cache.r, pos0, &k.r, &v.r)?;
-        self.test.kv_write(&mut cache.t, pos0, &k.t, &v.t)
+        let (sr, st) = step.dev();
+        self.reference.kv_write(&mut cache.r, sr, &k.r, &v.r)?;
+        self.test.kv_write(&mut cache.t, st, &k.t, &v.t)
     }
     fn attn_prep(
         &self,
@@ -523,15 +538,16 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         k: &Self::Tensor,
         v: &Self::Tensor,
         cache: &mut Self::KvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         p: &AttnPrep<'_, Self::Tensor>,
     ) -> Result<Self::Tensor> {
+        let (sr, st) = step.dev();
         let r = self
             .reference
-            .attn_prep(&q.r, &k.r, &v.r, &mut cache.r, pos0, &prep_r(p))?;
+            .attn_prep(&q.r, &k.r, &v.r, &mut cache.r, sr, &prep_r(p))?;
         let t = self
             .test
-            .attn_prep(&q.t, &k.t, &v.t, &mut cache.t, pos0, &prep_t(p))?;
+            .attn_prep(&q.t, &k.t, &v.t, &mut cache.t, st, &prep_t(p))?;
         self.one("attn_prep", r, t)
     }
     fn linear_attn_prep(
@@ -539,12 +555,13 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         x: &Self::Tensor,
         w: &Self::Weight,
         cache: &mut Self::KvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         p: &AttnPrep<'_, Self::Tensor>,
     ) -> Result<Option<Self::Tensor>> {
+        let (sr, st) = step.dev();
         let Some(t) = self
             .test
-            .linear_attn_prep(&x.t, &w.t, &mut cache.t, pos0, &prep_t(p))?
+            .linear_attn_prep(&x.t, &w.t, &mut cache.t, st, &prep_t(p))?
         else {
             return Ok(None);
         };
@@ -556,18 +573,19 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         let q = be.slice_cols(&qkv, 0, nq)?;
         let k = be.slice_cols(&qkv, nq, nk)?;
         let v = be.slice_cols(&qkv, nq + nk, nk)?;
-        let r = be.attn_prep(&q, &k, &v, &mut cache.r, pos0, &prep_r(p))?;
+        let r = be.attn_prep(&q, &k, &v, &mut cache.r, sr, &prep_r(p))?;
         Ok(Some(self.one("linear_attn_prep", r, t)?))
     }
     fn attention(
         &self,
         q: &Self::Tensor,
         cache: &Self::KvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         p: &AttnParams,
     ) -> Result<Self::Tensor> {
-        let r = self.reference.attention(&q.r, &cache.r, pos0, p)?;
-        let t = self.test.attention(&q.t, &cache.t, pos0, p)?;
+        let (sr, st) = step.dev();
+        let r = self.reference.attention(&q.r, &cache.r, sr, p)?;
+        let t = self.test.attention(&q.t, &cache.t, st, p)?;
         let o = self.one("attention", r, t);
         self.attention_done();
         o

@@ -13,10 +13,20 @@ pub mod cuda;
 pub mod diff;
 pub mod error;
 pub mod kv_type;
+pub mod step;
 #[cfg(test)]
 mod tests_fused;
 pub use error::BackendError;
 pub use kv_type::KvType;
+pub use step::{LogitRows, SeqRows, Step, StepPlan};
+
+/// A backend's step type.
+pub type StepOf<B> = Step<<B as Backend>::StepData>;
+
+/// `be`'s step of `rows` rows of token 0 at positions `pos0 ..` ([`StepPlan::at`]).
+pub fn step_at<B: Backend + ?Sized>(be: &B, pos0: usize, rows: usize) -> Result<StepOf<B>> {
+    be.step(StepPlan::at(pos0, rows)?)
+}
 
 use crate::ops::{RopeLayout, RopeSpec};
 use crate::sampling::SamplingParams;
@@ -90,7 +100,7 @@ pub fn attn_prep_composed<B: Backend + ?Sized>(
     k: &B::Tensor,
     v: &B::Tensor,
     cache: &mut B::KvCache,
-    pos0: usize,
+    step: &StepOf<B>,
     p: &AttnPrep<'_, B::Tensor>,
 ) -> Result<B::Tensor> {
     let hd = p.rope.head_dim;
@@ -102,9 +112,9 @@ pub fn attn_prep_composed<B: Backend + ?Sized>(
     let qn = norm(q, &p.q_norm)?;
     let kn = norm(k, &p.k_norm)?;
     let vn = norm(v, &p.v_norm)?;
-    let q = be.rope(qn.as_ref().unwrap_or(q), p.n_heads, pos0, p.rope)?;
-    let k = be.rope(kn.as_ref().unwrap_or(k), p.n_kv_heads, pos0, p.rope)?;
-    be.kv_write(cache, pos0, &k, vn.as_ref().unwrap_or(v))?;
+    let q = be.rope(qn.as_ref().unwrap_or(q), p.n_heads, step, p.rope)?;
+    let k = be.rope(kn.as_ref().unwrap_or(k), p.n_kv_heads, step, p.rope)?;
+    be.kv_write(cache, step, &k, vn.as_ref().unwrap_or(v))?;
     Ok(q)
 }
 
@@ -278,6 +288,9 @@ pub trait Backend: Send + Sync + 'static {
     /// One sequence's sampler: its random stream and the tokens it has observed (prompt and
     /// generated, for the penalties), kept where the logits are.
     type SamplerState: Send + 'static;
+    /// What the backend makes of a [`StepPlan`] (the CUDA backend: ids and positions in device
+    /// memory); ops of the step read it from the [`Step`].
+    type StepData: Send + 'static;
 
     fn name(&self) -> &'static str;
 
@@ -298,25 +311,27 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
-    /// Called by a model at the start of every forward pass with its tokens and the position of
-    /// the first. A GPU backend uploads them once here so that `embed`, `rope`, `kv_write` and
-    /// `attention` of this pass read ids and positions from device memory (what lets a decode
-    /// step be replayed as a CUDA graph at any position). Default: nothing.
-    fn begin_forward(&self, _ids: &[u32], _pos0: usize) -> Result<()> {
+    // ---- steps ----
+    /// The step of `plan`, made once for a forward pass (the CUDA backend uploads its ids and
+    /// positions here, once).
+    fn step(&self, plan: StepPlan) -> Result<StepOf<Self>>;
+    /// Make `step` describe `plan`, in place where the rows match, so that a step recorded with
+    /// it ([`Backend::record_begin`]) replays `plan`. Default: a new step.
+    fn step_set(&self, step: &mut StepOf<Self>, plan: StepPlan) -> Result<()> {
+        *step = self.step(plan)?;
         Ok(())
     }
 
-    // ---- recorded decode steps (CUDA graphs) ----
-    /// Start recording the ops of one forward pass instead of running them (a decode step:
-    /// `begin_forward` was called just before with the step's token and position). Returns
+    // ---- recorded steps (CUDA graphs) ----
+    /// Start recording the ops of one forward pass over `step` instead of running them. Returns
     /// `false` when this backend does not record (the default): run the ops normally.
-    fn record_begin(&self) -> Result<bool> {
+    fn record_begin(&self, _step: &StepOf<Self>) -> Result<bool> {
         Ok(false)
     }
-    /// Stop recording; the returned step replays every recorded op with the token and position
-    /// given to `begin_forward` before each replay. Tensors produced while recording keep their
-    /// storage and receive each replay's results.
-    fn record_end(&self) -> Result<RecordedStep> {
+    /// Stop recording; the returned recording replays every recorded op over whatever its step
+    /// holds at each replay. Tensors produced while recording keep their storage and receive
+    /// each replay's results.
+    fn record_end(&self, _step: &StepOf<Self>) -> Result<RecordedStep> {
         Err(BackendError::Unsupported {
             op: "record_end",
             backend: self.name(),
@@ -325,8 +340,9 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Abandon a recording that failed half-way (the ops recorded so far are discarded).
     fn record_abort(&self) {}
-    /// Run a recorded step (after `begin_forward` with its token and position).
-    fn replay(&self, _step: &RecordedStep) -> Result<()> {
+    /// Run a recording over `step`, the step it was recorded with (rewritten by
+    /// [`Backend::step_set`] or fed by a draw since); another step is an error.
+    fn replay(&self, _rec: &RecordedStep, _step: &StepOf<Self>) -> Result<()> {
         Err(BackendError::Unsupported {
             op: "replay",
             backend: self.name(),
@@ -373,8 +389,8 @@ pub trait Backend: Send + Sync + 'static {
     fn weight_vector(&self, w: &Self::Weight) -> Result<Self::Tensor>;
 
     // ---- matrix ops ----
-    /// Rows of an embedding table `[vocab, dim]`, times `scale`.
-    fn embed(&self, table: &Self::Weight, ids: &[u32], scale: f32) -> Result<Self::Tensor>;
+    /// The rows of an embedding table `[vocab, dim]` for the step's token ids, times `scale`.
+    fn embed(&self, table: &Self::Weight, step: &StepOf<Self>, scale: f32) -> Result<Self::Tensor>;
     /// `x @ w^T`: `[n, in] x [out, in] -> [n, out]`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
 
@@ -509,27 +525,27 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// L2-normalise groups of `dim` columns: x / sqrt(sum(x^2) + eps).
     fn l2_norm(&self, x: &Self::Tensor, eps: f32, dim: usize) -> Result<Self::Tensor>;
-    /// Rotate `n_heads` heads of each row; row i is at position `pos0 + i`.
+    /// Rotate `n_heads` heads of each row, row i at the step's position of row i.
     fn rope(
         &self,
         x: &Self::Tensor,
         n_heads: usize,
-        pos0: usize,
+        step: &StepOf<Self>,
         rope: &Rope,
     ) -> Result<Self::Tensor>;
 
     // ---- attention ----
     fn kv_cache(&self, shape: KvShape) -> Result<Self::KvCache>;
-    /// Write `k`, `v` (`[n, n_kv*hd]`) at positions `pos0 .. pos0 + n`.
+    /// Write `k`, `v` (`[n, n_kv*hd]`) at the step's positions.
     fn kv_write(
         &self,
         cache: &mut Self::KvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         k: &Self::Tensor,
         v: &Self::Tensor,
     ) -> Result<()>;
     /// The attention input of one layer in one op: per-head RMSNorm of q, k and v as `p` says,
-    /// RoPE of q and k at positions `pos0 ..`, k and v written to `cache` there. `q` is
+    /// RoPE of q and k at the step's positions, k and v written to `cache` there. `q` is
     /// `[n, n_heads*hd]`, `k` and `v` `[n, n_kv*hd]`; returns the rotated q. Default:
     /// [`attn_prep_composed`] (rms_norm, rope, kv_write).
     fn attn_prep(
@@ -538,32 +554,32 @@ pub trait Backend: Send + Sync + 'static {
         k: &Self::Tensor,
         v: &Self::Tensor,
         cache: &mut Self::KvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         p: &AttnPrep<'_, Self::Tensor>,
     ) -> Result<Self::Tensor> {
-        attn_prep_composed(self, q, k, v, cache, pos0, p)
+        attn_prep_composed(self, q, k, v, cache, step, p)
     }
     /// One decode row's fused q|k|v projection (`w`: the q, k and v weights stacked by rows)
     /// followed by [`Backend::attn_prep`], as one op where the backend has it: the rotated q,
-    /// K and V written to `cache` at `pos0`. None where it does not take the inputs (the caller
+    /// K and V written to `cache` at the step's position. None where it does not take the inputs (the caller
     /// runs `linear`, then `attn_prep`). Default: None.
     fn linear_attn_prep(
         &self,
         _x: &Self::Tensor,
         _w: &Self::Weight,
         _cache: &mut Self::KvCache,
-        _pos0: usize,
+        _step: &StepOf<Self>,
         _p: &AttnPrep<'_, Self::Tensor>,
     ) -> Result<Option<Self::Tensor>> {
         Ok(None)
     }
-    /// Causal attention of `q` (`[n, n_heads*hd]`, rows at `pos0 ..`) over the cache's
-    /// positions `0 .. pos0 + n` (limited by the window). Returns `[n, n_heads*hd]`.
+    /// Causal attention of `q` (`[n, n_heads*hd]`, rows at the step's positions) over the
+    /// cache's positions up to each row's (limited by the window). Returns `[n, n_heads*hd]`.
     fn attention(
         &self,
         q: &Self::Tensor,
         cache: &Self::KvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         p: &AttnParams,
     ) -> Result<Self::Tensor>;
     /// Copy the first `n` positions of `src` into `dst` (KV sharing / rewinds).
@@ -681,17 +697,17 @@ pub trait Backend: Send + Sync + 'static {
     // ---- pipelined decode (model::common::replay) ----
     /// `sample` started without waiting: the same draw on the last row of `logits` (borrowed:
     /// a recorded step's output, penalised in place), the id read back in the background;
-    /// `sample_finish` returns it. Work queued after this call (the next step, fed the id by
-    /// `begin_forward_sampled`) runs while the host waits. `next_pos`: the position of the
-    /// one-token step `begin_forward_sampled` will start from this draw, when the caller knows
-    /// it (a backend may hand the id over to it as part of the draw). Ok(false): not supported
-    /// here (nothing was started; sample with `sample`).
+    /// `sample_finish` returns it. `feed`: a one-row step and a position; the draw makes the
+    /// step that token at that position on the device (its plan becomes
+    /// [`StepPlan::fed`]), so work queued after this call (a replay over that step) runs while
+    /// the host waits. Ok(false): not supported here (nothing was started, `feed` untouched;
+    /// sample with `sample`).
     fn sample_begin(
         &self,
         _logits: &Self::Tensor,
         _state: &mut Self::SamplerState,
         _banned: &[u32],
-        _next_pos: Option<usize>,
+        _feed: Option<(&mut StepOf<Self>, usize)>,
     ) -> Result<bool> {
         Ok(false)
     }
@@ -699,15 +715,6 @@ pub trait Backend: Send + Sync + 'static {
     fn sample_finish(&self, _state: &mut Self::SamplerState) -> Result<u32> {
         Err(BackendError::Unsupported {
             op: "sample_finish",
-            backend: self.name(),
-            detail: "this backend samples synchronously".into(),
-        })
-    }
-    /// `begin_forward` of a one-token step at `pos0` whose token is the id the last
-    /// `sample_begin` of `state` draws, passed on the device (the host need not know it yet).
-    fn begin_forward_sampled(&self, _state: &Self::SamplerState, _pos0: usize) -> Result<()> {
-        Err(BackendError::Unsupported {
-            op: "begin_forward_sampled",
             backend: self.name(),
             detail: "this backend samples synchronously".into(),
         })

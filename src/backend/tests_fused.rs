@@ -5,7 +5,7 @@
 //! attention reads from them.
 
 use super::cpu::{CpuBackend, CpuTensor};
-use super::{AttnParams, AttnPrep, Backend, KvShape, Norm, PostNorm, Rope};
+use super::{step_at, AttnParams, AttnPrep, Backend, KvShape, Norm, PostNorm, Rope};
 use crate::ops::RopeLayout;
 
 fn lcg(seed: u64, n: usize) -> Vec<f32> {
@@ -116,7 +116,8 @@ fn read_cache(
 ) -> Vec<f32> {
     let len = cache.len();
     let q = t(be, 99, len, p.n_heads * p.head_dim);
-    be.attention(&q, cache, 0, p).unwrap().data
+    let step = step_at(be, 0, len).unwrap();
+    be.attention(&q, cache, &step, p).unwrap().data
 }
 
 #[test]
@@ -180,7 +181,8 @@ fn attn_prep_default_is_the_composition() {
                 let q = t(&be, seed + ri as u64, rows, heads * hd);
                 let k = t(&be, seed + 1, rows, hkv * hd);
                 let v = t(&be, seed + 2, rows, hkv * hd);
-                let fused = be.attn_prep(&q, &k, &v, &mut c1, pos0, &p).unwrap();
+                let step = step_at(&be, pos0, rows).unwrap();
+                let fused = be.attn_prep(&q, &k, &v, &mut c1, &step, &p).unwrap();
                 // the composition the models ran before attn_prep existed
                 let nq = match norm(0) {
                     Some(n) => be.rms_norm(&q, n, 1e-6, hd).unwrap(),
@@ -194,9 +196,9 @@ fn attn_prep_default_is_the_composition() {
                     Some(n) => be.rms_norm(&v, n, 1e-6, hd).unwrap(),
                     None => v.clone(),
                 };
-                let rq = be.rope(&nq, heads, pos0, rope).unwrap();
-                let rk = be.rope(&nk, hkv, pos0, rope).unwrap();
-                be.kv_write(&mut c2, pos0, &rk, &nv).unwrap();
+                let rq = be.rope(&nq, heads, &step, rope).unwrap();
+                let rk = be.rope(&nk, hkv, &step, rope).unwrap();
+                be.kv_write(&mut c2, &step, &rk, &nv).unwrap();
                 assert_eq!(fused.data, rq.data, "rope {ri} modes {modes:?} at {pos0}");
             }
             assert_eq!(c1.len(), 4);
@@ -216,7 +218,8 @@ fn attn_prep_default_is_the_composition() {
     let mut c = be.kv_cache(shape).unwrap();
     let (q, k) = (t(&be, 1, 1, heads * hd), t(&be, 2, 1, hkv * hd));
     let bad_v = t(&be, 3, 1, hkv * hd - 1);
-    assert!(be.attn_prep(&q, &k, &bad_v, &mut c, 0, &p).is_err());
+    let step = step_at(&be, 0, 1).unwrap();
+    assert!(be.attn_prep(&q, &k, &bad_v, &mut c, &step, &p).is_err());
 }
 
 fn r<'a>(

@@ -11,7 +11,7 @@ use super::backend_ops::{host, Ctx, Pair, R};
 use super::check::uniform;
 use crate::backend::cuda::kv::kv_layout;
 use crate::backend::cuda::{CudaBackend, KvType};
-use crate::backend::{AttnParams, Backend, KvShape, Rope};
+use crate::backend::{step_at, AttnParams, Backend, KvShape, Rope, StepOf};
 use crate::ops::RopeLayout;
 
 /// One decode case: heads, RoPE, norms (q, k, v: None / 0 plain / 1 1+w / 2 none), position.
@@ -104,12 +104,12 @@ fn prep_then_attend(
     k: &crate::backend::cuda::GpuTensor,
     v: &crate::backend::cuda::GpuTensor,
     cache: &mut crate::backend::cuda::GpuKvCache,
-    pos0: usize,
+    step: &StepOf<CudaBackend>,
     prep: &crate::backend::AttnPrep<'_, crate::backend::cuda::GpuTensor>,
     params: &AttnParams,
 ) -> crate::backend::Result<crate::backend::cuda::GpuTensor> {
-    let q = gpu.attn_prep(q, k, v, cache, pos0, prep)?;
-    gpu.attention(&q, cache, pos0, params)
+    let q = gpu.attn_prep(q, k, v, cache, step, prep)?;
+    gpu.attention(&q, cache, step, params)
 }
 
 /// Overwrite position `pos`'s K and V rows (every KV head) with NaN of the cache type.
@@ -171,10 +171,9 @@ fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
     let filled = || -> R<crate::backend::cuda::GpuKvCache> {
         let mut cache = gpu.kv_cache(shape)?;
         if c.pos0 > 0 {
-            let ids: Vec<u32> = (0..c.pos0 as u32).collect();
-            gpu.begin_forward(&ids, 0)?;
+            let step = step_at(&gpu, 0, c.pos0)?;
             let t = |i: usize, cols: usize| gpu.tensor(&prefill[i], c.pos0, cols);
-            gpu.attn_prep(&t(0, qw)?, &t(1, kw)?, &t(2, kw)?, &mut cache, 0, &prep)?;
+            gpu.attn_prep(&t(0, qw)?, &t(1, kw)?, &t(2, kw)?, &mut cache, &step, &prep)?;
         }
         Ok(cache)
     };
@@ -185,18 +184,18 @@ fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
         gpu.tensor(&vec![0.0; kw], 1, kw)?,
         gpu.tensor(&vec![0.0; kw], 1, kw)?,
     );
-    gpu.begin_forward(&[0], c.pos0)?;
-    if !gpu.record_begin()? {
-        anyhow::bail!("the backend does not record steps (FUCINA_NO_GRAPHS is set)");
+    let step = step_at(&gpu, c.pos0, 1)?;
+    if !gpu.record_begin(&step)? {
+        anyhow::bail!("the backend does not record steps (--no-graphs is set)");
     }
-    let out = match prep_then_attend(&gpu, &dq, &dk, &dv, &mut rec_cache, c.pos0, &prep, &params) {
+    let out = match prep_then_attend(&gpu, &dq, &dk, &dv, &mut rec_cache, &step, &prep, &params) {
         Ok(o) => o,
         Err(e) => {
             gpu.record_abort();
             return Err(e.into());
         }
     };
-    let step = gpu.record_end()?;
+    let rec = gpu.record_end(&step)?;
     let (mut got, mut want) = (Vec::new(), Vec::new());
     for _ in 0..3 {
         let (q, k, v) = (
@@ -208,18 +207,16 @@ fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
         dk.buf.write(&k)?;
         dv.buf.write(&v)?;
         poison_row(&rec_cache, c.pos0)?;
-        gpu.begin_forward(&[0], c.pos0)?;
-        gpu.replay(&step)?;
+        gpu.replay(&rec, &step)?;
         got.extend(with_cache(host(&gpu, &out)?, &rec_cache)?);
         poison_row(&direct_cache, c.pos0)?;
-        gpu.begin_forward(&[0], c.pos0)?;
         let o = prep_then_attend(
             &gpu,
             &dq,
             &dk,
             &dv,
             &mut direct_cache,
-            c.pos0,
+            &step,
             &prep,
             &params,
         )?;

@@ -24,7 +24,7 @@ use super::checks::attn_prep::cache_expect;
 use crate::backend::cuda::kv::{kv_layout, kv_quant};
 use crate::backend::cuda::{CudaBackend, GpuKvCache, GpuTensor, KvType};
 use crate::backend::{
-    attn_prep_composed, Activation, AttnPrep, Backend, KvShape, Norm, PostNorm, Rope,
+    attn_prep_composed, step_at, Activation, AttnPrep, Backend, KvShape, Norm, PostNorm, Rope,
 };
 use crate::kernels::{BatchBucket, Op, Quant};
 use crate::ops::qdot::random_weights;
@@ -341,7 +341,6 @@ struct PrepCase {
     name: &'static str,
     rows: usize,
     pos0: usize,
-    registered: bool,
     heads: usize,
     hkv: usize,
     rope: Rope,
@@ -363,7 +362,6 @@ fn prep_cases() -> Vec<PrepCase> {
             name: "qwen3 decode (q/k norm)",
             rows: 1,
             pos0: 37,
-            registered: true,
             heads: 8,
             hkv: 2,
             rope: rope(128, 128, 128, RopeLayout::Neox, None),
@@ -373,7 +371,6 @@ fn prep_cases() -> Vec<PrepCase> {
             name: "prefill 6 rows (1+w norms)",
             rows: 6,
             pos0: 0,
-            registered: false,
             heads: 4,
             hkv: 2,
             rope: rope(128, 128, 128, RopeLayout::Neox, None),
@@ -383,7 +380,6 @@ fn prep_cases() -> Vec<PrepCase> {
             name: "gemma4 global decode (hd 512, p-RoPE, v-norm)",
             rows: 1,
             pos0: 3,
-            registered: true,
             heads: 4,
             hkv: 1,
             rope: rope(512, 128, 512, RopeLayout::Neox, Some(ff[..64].to_vec())),
@@ -393,7 +389,6 @@ fn prep_cases() -> Vec<PrepCase> {
             name: "no norms, interleaved partial",
             rows: 2,
             pos0: 60,
-            registered: false,
             heads: 4,
             hkv: 4,
             rope: rope(256, 64, 64, RopeLayout::Interleaved, None),
@@ -404,7 +399,6 @@ fn prep_cases() -> Vec<PrepCase> {
             name: "qwen3 prefill 24 rows (q/k norm, warp/head)",
             rows: 24,
             pos0: 5,
-            registered: false,
             heads: 8,
             hkv: 2,
             rope: rope(128, 128, 128, RopeLayout::Neox, None),
@@ -414,7 +408,6 @@ fn prep_cases() -> Vec<PrepCase> {
             name: "gemma4 global prefill 12 rows (hd 512, p-RoPE, v-norm, warp/head)",
             rows: 12,
             pos0: 100,
-            registered: false,
             heads: 4,
             hkv: 1,
             rope: rope(512, 128, 512, RopeLayout::Neox, Some(ff[..64].to_vec())),
@@ -424,7 +417,6 @@ fn prep_cases() -> Vec<PrepCase> {
             name: "prefill 16 rows hd 256 interleaved partial (1+w, warp/head)",
             rows: 16,
             pos0: 0,
-            registered: false,
             heads: 4,
             hkv: 2,
             rope: rope(256, 64, 64, RopeLayout::Interleaved, None),
@@ -524,8 +516,7 @@ pub(super) fn attn_prep_cases(cx: &mut Ctx) {
             let shape = KvShape::full(c.hkv, hd, 128);
             type Run = (Vec<f32>, Vec<u8>, Vec<u8>, Vec<u16>, Vec<u16>);
             let run = |composed: bool| -> R<Run> {
-                let ids: Vec<u32> = (0..c.rows as u32).collect();
-                gpu.begin_forward(&ids, if c.registered { c.pos0 } else { 10_000 })?;
+                let step = step_at(gpu, c.pos0, c.rows)?;
                 let (gq, gk, gv) = (
                     gpu.tensor(&q, c.rows, qw)?,
                     gpu.tensor(&k, c.rows, kw)?,
@@ -535,9 +526,9 @@ pub(super) fn attn_prep_cases(cx: &mut Ctx) {
                 let p = prep_of(&gw, c.modes, (c.heads, c.hkv), &c.rope);
                 let mut cache = gpu.kv_cache(shape)?;
                 let out = if composed {
-                    attn_prep_composed(gpu, &gq, &gk, &gv, &mut cache, c.pos0, &p)?
+                    attn_prep_composed(gpu, &gq, &gk, &gv, &mut cache, &step, &p)?
                 } else {
-                    gpu.attn_prep(&gq, &gk, &gv, &mut cache, c.pos0, &p)?
+                    gpu.attn_prep(&gq, &gk, &gv, &mut cache, &step, &p)?
                 };
                 let (kb, vb, ks, vs) = cache_bytes(&cache)?;
                 Ok((host(gpu, &out)?, kb, vb, ks, vs))
@@ -561,8 +552,9 @@ pub(super) fn attn_prep_cases(cx: &mut Ctx) {
                         Some(_) => cpu.rms_norm(&x, Norm::None, 1e-6, hd)?,
                     })
                 };
-                let cq = cpu.rope(&normed(t(&q, qw)?, 0)?, c.heads, c.pos0, &c.rope)?;
-                let ck = cpu.rope(&normed(t(&k, kw)?, 1)?, c.hkv, c.pos0, &c.rope)?;
+                let cs = step_at(cpu, c.pos0, c.rows)?;
+                let cq = cpu.rope(&normed(t(&q, qw)?, 0)?, c.heads, &cs, &c.rope)?;
+                let ck = cpu.rope(&normed(t(&k, kw)?, 1)?, c.hkv, &cs, &c.rope)?;
                 let cv = normed(t(&v, kw)?, 2)?;
                 let layout = kv_layout(&shape, kv);
                 let elems = layout.bytes() / layout.elem_bytes;

@@ -25,7 +25,7 @@ pub(super) fn kv_recycle_cases(cx: &mut Ctx) {
                 gpu.tensor(&rows[..w], cap, hkv * hd)?,
                 gpu.tensor(&rows[w..], cap, hkv * hd)?,
             );
-            gpu.kv_write(&mut first, 0, &k, &v)?;
+            gpu.kv_write(&mut first, &crate::backend::step_at(&gpu, 0, cap)?, &k, &v)?;
             let mut old = raw(&first);
             drop(first);
             let reused = gpu.kv_cache(shape)?;

@@ -312,8 +312,10 @@ fn replay_case(cx: &mut Ctx, s: &Spec, refs: &[TensorRef<'_>; 4], nw: &[f32]) ->
         let x = gpu.rms_norm(&x0, Norm::Plain(&nwt), 1e-6, h)?;
         fused(gpu, &x, &gw, &p)
     };
-    if !gpu.record_begin()? {
-        anyhow::bail!("the backend does not record steps (FUCINA_NO_GRAPHS is set)");
+    // the step a recording is tied to (these ops read no ids or positions)
+    let step = crate::backend::step_at(gpu, 0, 1)?;
+    if !gpu.record_begin(&step)? {
+        anyhow::bail!("the backend does not record steps (--no-graphs is set)");
     }
     let y = match run(gpu) {
         Ok(y) => y,
@@ -322,11 +324,11 @@ fn replay_case(cx: &mut Ctx, s: &Spec, refs: &[TensorRef<'_>; 4], nw: &[f32]) ->
             return Err(e);
         }
     };
-    let step = gpu.record_end()?;
+    let rec = gpu.record_end(&step)?;
     let (mut got, mut want) = (Vec::new(), Vec::new());
     for _ in 0..3 {
         x0.buf.write(&uniform(&mut cx.rng, h, -1.0, 1.0))?;
-        gpu.replay(&step)?;
+        gpu.replay(&rec, &step)?;
         got.extend(host(gpu, &y)?);
         want.extend(host(gpu, &run(gpu)?)?);
     }

@@ -27,7 +27,7 @@ use super::check::{uniform, Comparison};
 use super::checks::moe::{cpu_moe, make_case_with, CaseSpec};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaDevice, GpuTensor, KvType};
-use crate::backend::{Activation, Backend, Norm, Rope};
+use crate::backend::{step_at, Activation, Backend, LogitRows, Norm, Rope, StepPlan};
 use crate::kernels::Quant;
 use crate::ops::qdot::random_weights;
 use crate::ops::RopeLayout;
@@ -303,27 +303,13 @@ fn embed_cases(cx: &mut Ctx) {
         };
         let r = tref("token_embd.weight", ty, vec![vocab, d], &w);
         let ids = [0u32, 7, 299, 7, 123];
-        for registered in [true, false] {
-            let name = format!(
-                "embed {} ({})",
-                ty.name(),
-                if registered {
-                    "step ids"
-                } else {
-                    "uploaded ids"
-                }
-            );
-            cx.case(name, 0.0, |cx| {
-                let (gw, cw) = (cx.gpu.upload(&r)?, cx.cpu.upload(&r)?);
-                if registered {
-                    cx.gpu.begin_forward(&ids, 11)?;
-                } else {
-                    cx.gpu.begin_forward(&[1, 2], 0)?;
-                }
-                let got = host(&cx.gpu, &cx.gpu.embed(&gw, &ids, 3.5)?)?;
-                Ok((got, cx.cpu.embed(&cw, &ids, 3.5)?.data))
-            });
-        }
+        cx.case(format!("embed {}", ty.name()), 0.0, |cx| {
+            let (gw, cw) = (cx.gpu.upload(&r)?, cx.cpu.upload(&r)?);
+            let plan = StepPlan::single(&ids, 11, LogitRows::All)?;
+            let (gs, cs) = (cx.gpu.step(plan.clone())?, cx.cpu.step(plan)?);
+            let got = host(&cx.gpu, &cx.gpu.embed(&gw, &gs, 3.5)?)?;
+            Ok((got, cx.cpu.embed(&cw, &cs, 3.5)?.data))
+        });
     }
 }
 
@@ -543,11 +529,11 @@ fn norm_rope_cases(cx: &mut Ctx) {
         ))
     });
     let ff: Vec<f32> = (0..32).map(|i| 1.0 + (i % 5) as f32).collect();
-    for (layout, rot, factors, registered, pos0) in [
-        (RopeLayout::Neox, hd, false, true, 37usize),
-        (RopeLayout::Neox, hd / 2, true, true, 37),
-        (RopeLayout::Interleaved, hd, false, false, 1000),
-        (RopeLayout::Interleaved, hd / 4, true, false, 5),
+    for (layout, rot, factors, pos0) in [
+        (RopeLayout::Neox, hd, false, 37usize),
+        (RopeLayout::Neox, hd / 2, true, 37),
+        (RopeLayout::Interleaved, hd, false, 1000),
+        (RopeLayout::Interleaved, hd / 4, true, 5),
     ] {
         let rope = Rope {
             head_dim: hd,
@@ -558,26 +544,19 @@ fn norm_rope_cases(cx: &mut Ctx) {
             freq_base_dims: rot,
         };
         let name = format!(
-            "rope {layout:?} rot {rot}{} at {pos0} ({})",
+            "rope {layout:?} rot {rot}{} at {pos0}",
             if factors { " ff" } else { "" },
-            if registered {
-                "step positions"
-            } else {
-                "uploaded"
-            }
         );
         cx.case(name, 1e-4, |cx| {
-            let ids: Vec<u32> = (0..n as u32).collect();
-            let p = if registered { pos0 } else { pos0 + 50_000 };
-            cx.gpu.begin_forward(&ids, p)?;
+            let (gs, cs) = (step_at(&cx.gpu, pos0, n)?, step_at(&cx.cpu, pos0, n)?);
             let (g, h) = cx.t2(&x, n, heads * hd)?;
             Ok((
-                host(&cx.gpu, &cx.gpu.rope(&g, heads, pos0, &rope)?)?,
-                cx.cpu.rope(&h, heads, pos0, &rope)?.data,
+                host(&cx.gpu, &cx.gpu.rope(&g, heads, &gs, &rope)?)?,
+                cx.cpu.rope(&h, heads, &cs, &rope)?.data,
             ))
         });
     }
-    // a RoPE position read from the middle of the registered range
+    // a step of two sequences: each row at its own sequence's position
     let rope = Rope {
         head_dim: hd,
         rot_dims: hd,
@@ -586,15 +565,15 @@ fn norm_rope_cases(cx: &mut Ctx) {
         freq_factors: None,
         freq_base_dims: hd,
     };
-    let one = x[..heads * hd].to_vec();
-    cx.case("rope 1 row inside the step range".into(), 1e-4, |cx| {
-        let ids: Vec<u32> = (0..8).collect();
-        cx.gpu.begin_forward(&ids, 100)?;
-        let (g, h) = cx.t2(&one, 1, heads * hd)?;
-        let pos = 100 + cx.rng.random_range(0..8usize);
+    cx.case("rope over a step of two sequences".into(), 1e-4, |cx| {
+        let (a, b) = (n / 2, n - n / 2);
+        let (ia, ib) = (vec![0u32; a], vec![0u32; b]);
+        let plan = StepPlan::batch(&[(&ia, 100), (&ib, 7)], LogitRows::Last)?;
+        let (gs, cs) = (cx.gpu.step(plan.clone())?, cx.cpu.step(plan)?);
+        let (g, h) = cx.t2(&x, n, heads * hd)?;
         Ok((
-            host(&cx.gpu, &cx.gpu.rope(&g, heads, pos, &rope)?)?,
-            cx.cpu.rope(&h, heads, pos, &rope)?.data,
+            host(&cx.gpu, &cx.gpu.rope(&g, heads, &gs, &rope)?)?,
+            cx.cpu.rope(&h, heads, &cs, &rope)?.data,
         ))
     });
 }

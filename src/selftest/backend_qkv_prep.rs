@@ -14,7 +14,7 @@ use super::backend_fused::{prep_of, prep_weights, with_cache};
 use super::backend_ops::{host, tref, Ctx, Pair, R};
 use super::check::uniform;
 use crate::backend::cuda::{CudaBackend, KvType};
-use crate::backend::{Backend, KvShape, Norm};
+use crate::backend::{step_at, Backend, KvShape, Norm};
 use crate::ops::qdot::random_weights;
 use crate::quant::GgmlType;
 
@@ -79,17 +79,23 @@ fn one_case(
         let prep = prep_of(&pw, c.modes, (c.heads, c.hkv), &c.rope);
         let mut cache = be.kv_cache(shape)?;
         if c.pos0 > 0 {
-            let ids: Vec<u32> = (0..c.pos0 as u32).collect();
-            be.begin_forward(&ids, 0)?;
+            let pre_step = step_at(&be, 0, c.pos0)?;
             let t = |i: usize, cols: usize| be.tensor(&pre[i], c.pos0, cols);
-            be.attn_prep(&t(0, qw)?, &t(1, kw)?, &t(2, kw)?, &mut cache, 0, &prep)?;
+            be.attn_prep(
+                &t(0, qw)?,
+                &t(1, kw)?,
+                &t(2, kw)?,
+                &mut cache,
+                &pre_step,
+                &prep,
+            )?;
         }
-        be.begin_forward(&[0], c.pos0)?;
+        let step = step_at(&be, c.pos0, 1)?;
         // the decode input: a norm's output with its int8 side-car
         let (xt, nwt) = (be.tensor(x, 1, k)?, be.tensor(nw, 1, k)?);
         let xn = be.rms_norm(&xt, Norm::Plain(&nwt), 1e-6, k)?;
         let q = if fused {
-            be.linear_attn_prep(&xn, &gw, &mut cache, c.pos0, &prep)?
+            be.linear_attn_prep(&xn, &gw, &mut cache, &step, &prep)?
                 .ok_or_else(|| anyhow::anyhow!("the one-launch path did not take the case"))?
         } else {
             let y = be.linear(&xn, &gw)?;
@@ -98,7 +104,7 @@ fn one_case(
                 be.slice_cols(&y, qw, kw)?,
                 be.slice_cols(&y, qw + kw, kw)?,
             );
-            be.attn_prep(&q, &k, &v, &mut cache, c.pos0, &prep)?
+            be.attn_prep(&q, &k, &v, &mut cache, &step, &prep)?
         };
         with_cache(host(&be, &q)?, &cache)
     };

@@ -19,7 +19,7 @@ pub use weight::CpuWeight;
 
 use crate::backend::{
     Activation, AttnParams, Backend, BackendError, KvShape, KvType, MoeParams, Need, Norm, Result,
-    Rope,
+    Rope, Step, StepOf, StepPlan,
 };
 use crate::ops::{self, NormWeight, RopeLayout};
 use crate::weights::TensorRef;
@@ -140,9 +140,14 @@ impl Backend for CpuBackend {
     type Weight = CpuWeight;
     type KvCache = CpuKvCache;
     type SamplerState = crate::sampling::Sampler;
+    type StepData = ();
 
     fn name(&self) -> &'static str {
         "cpu"
+    }
+
+    fn step(&self, plan: StepPlan) -> Result<StepOf<Self>> {
+        Ok(Step::new(plan, ()))
     }
 
     fn lacks(&self, need: Need) -> Option<String> {
@@ -184,7 +189,8 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn embed(&self, table: &CpuWeight, ids: &[u32], scale: f32) -> Result<CpuTensor> {
+    fn embed(&self, table: &CpuWeight, step: &StepOf<Self>, scale: f32) -> Result<CpuTensor> {
+        let ids = step.plan().host_ids("embed")?;
         let d = table.cols();
         let mut out = vec![0f32; ids.len() * d];
         for (&id, o) in ids.iter().zip(out.chunks_exact_mut(d.max(1))) {
@@ -404,7 +410,20 @@ impl Backend for CpuBackend {
         Ok(out)
     }
 
-    fn rope(&self, x: &CpuTensor, n_heads: usize, pos0: usize, rope: &Rope) -> Result<CpuTensor> {
+    fn rope(
+        &self,
+        x: &CpuTensor,
+        n_heads: usize,
+        step: &StepOf<Self>,
+        rope: &Rope,
+    ) -> Result<CpuTensor> {
+        let positions = step.plan().positions();
+        if positions.len() != x.rows {
+            return Err(shape_err(
+                "rope",
+                format!("{} rows in a step of {}", x.rows, positions.len()),
+            ));
+        }
         let hd = rope.head_dim;
         let ff_ok = rope
             .freq_factors
@@ -429,8 +448,8 @@ impl Backend for CpuBackend {
         let inv: Vec<f64> = (0..half).map(|i| spec.inv_freq(i) as f64).collect();
         let mut out = x.clone();
         let mut cs = vec![(0f32, 0f32); half];
-        for (r, row) in out.data.chunks_exact_mut(x.cols.max(1)).enumerate() {
-            let pos = (pos0 + r) as f64;
+        for (row, &pos) in out.data.chunks_exact_mut(x.cols.max(1)).zip(&positions) {
+            let pos = pos as f64;
             for (i, c) in cs.iter_mut().enumerate() {
                 let ang = pos * inv[i];
                 *c = (ang.sin() as f32, ang.cos() as f32);
@@ -460,21 +479,23 @@ impl Backend for CpuBackend {
     fn kv_write(
         &self,
         cache: &mut CpuKvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         k: &CpuTensor,
         v: &CpuTensor,
     ) -> Result<()> {
-        cache.write(pos0, k, v)
+        let s = step.plan().seq_of("kv_write", k.rows)?;
+        cache.write(s.pos0, k, v)
     }
 
     fn attention(
         &self,
         q: &CpuTensor,
         cache: &CpuKvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         p: &AttnParams,
     ) -> Result<CpuTensor> {
-        cache.attend(q, pos0, p)
+        let s = step.plan().seq_of("attention", q.rows)?;
+        cache.attend(q, s.pos0, p)
     }
 
     fn kv_truncate(&self, cache: &mut CpuKvCache, len: usize) -> Result<()> {

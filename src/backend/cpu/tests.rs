@@ -2,7 +2,20 @@
 #![allow(clippy::needless_range_loop)] // direct index loops are the point of a reference
 
 use super::*;
-use crate::backend::{Activation, AttnParams, KvShape, MoeParams, Norm, Rope};
+use crate::backend::{
+    step_at, Activation, AttnParams, KvShape, LogitRows, MoeParams, Norm, Rope, StepOf, StepPlan,
+};
+
+/// The step of `t`'s rows at positions `pos0 ..`.
+fn st(b: &CpuBackend, pos0: usize, t: &CpuTensor) -> StepOf<CpuBackend> {
+    step_at(b, pos0, t.rows).unwrap()
+}
+
+/// The step of `ids` at positions `0 ..`.
+fn ids(b: &CpuBackend, ids: &[u32]) -> StepOf<CpuBackend> {
+    b.step(StepPlan::single(ids, 0, LogitRows::All).unwrap())
+        .unwrap()
+}
 use crate::quant::GgmlType;
 use crate::weights::{Scales, TensorFormat, TensorRef};
 
@@ -120,7 +133,7 @@ fn shape_errors_are_typed() {
     assert!(b.slice_cols(&x, 2, 2).is_err());
     assert!(b.split_heads(&x, 2, &[1, 1]).is_err());
     assert!(b.rms_norm(&x, Norm::None, 1e-6, 2).is_err());
-    assert!(b.embed(&w, &[2], 1.0).is_err());
+    assert!(b.embed(&w, &ids(&b, &[2]), 1.0).is_err());
     // a short quantised tensor is refused at upload
     let t = TensorRef {
         name: "short".into(),
@@ -138,7 +151,7 @@ fn embed_rows_scaled() {
     let mut rng = Lcg(2);
     let (qb, qv) = q8_0(&mut rng, 10, 32);
     let w = weight(&b, "emb", &[10, 32], &qb, GgmlType::Q8_0);
-    let e = b.embed(&w, &[3, 0, 9], 2.0).unwrap();
+    let e = b.embed(&w, &ids(&b, &[3, 0, 9]), 2.0).unwrap();
     for (r, &id) in [3usize, 0, 9].iter().enumerate() {
         let want: Vec<f32> = qv[id * 32..(id + 1) * 32].iter().map(|v| v * 2.0).collect();
         assert_eq!(e.row(r), &want[..]);
@@ -258,7 +271,7 @@ fn rope_rotates_each_position() {
         };
         let xv = rng.vec(3 * 16);
         let x = b.tensor(&xv, 3, 16).unwrap();
-        let y = b.rope(&x, 2, 5, &rope).unwrap();
+        let y = b.rope(&x, 2, &st(&b, 5, &x), &rope).unwrap();
         for r in 0..3 {
             let pos = (5 + r) as f64;
             for h in 0..2 {
@@ -358,11 +371,15 @@ fn attention_matches_naive_incrementally() {
             let w = hkv * hd;
             let kt = b.tensor(&kv[pos * w..(pos + len) * w], len, w).unwrap();
             let vt = b.tensor(&vv[pos * w..(pos + len) * w], len, w).unwrap();
-            b.kv_write(&mut cache, pos, &kt, &vt).unwrap();
+            b.kv_write(&mut cache, &st(&b, pos, &kt), &kt, &vt).unwrap();
             let qt = b
                 .tensor(&qv[pos * h * hd..(pos + len) * h * hd], len, h * hd)
                 .unwrap();
-            got.extend(b.attention(&qt, &cache, pos, &p).unwrap().data);
+            got.extend(
+                b.attention(&qt, &cache, &st(&b, pos, &qt), &p)
+                    .unwrap()
+                    .data,
+            );
             pos += len;
         }
         assert_close(&got, &want, 1e-5);
@@ -371,19 +388,19 @@ fn attention_matches_naive_incrementally() {
         let w = hkv * hd;
         let kt = b.tensor(&kv[2 * w..3 * w], 1, w).unwrap();
         let vt = b.tensor(&vv[2 * w..3 * w], 1, w).unwrap();
-        b.kv_write(&mut cache, 2, &kt, &vt).unwrap();
+        b.kv_write(&mut cache, &st(&b, 2, &kt), &kt, &vt).unwrap();
         let qt = b.tensor(&qv[2 * h * hd..3 * h * hd], 1, h * hd).unwrap();
         assert_close(
-            &b.attention(&qt, &cache, 2, &p).unwrap().data,
+            &b.attention(&qt, &cache, &st(&b, 2, &qt), &p).unwrap().data,
             &want[2 * h * hd..3 * h * hd],
             1e-5,
         );
-        assert!(b.attention(&qt, &cache, 5, &p).is_err());
+        assert!(b.attention(&qt, &cache, &st(&b, 5, &qt), &p).is_err());
     }
     let mut small = b.kv_cache(KvShape::full(1, 2, 2)).unwrap();
     let t = b.tensor(&[0.0; 6], 3, 2).unwrap();
     assert!(matches!(
-        b.kv_write(&mut small, 0, &t, &t),
+        b.kv_write(&mut small, &st(&b, 0, &t), &t, &t),
         Err(BackendError::KvOverflow { .. })
     ));
 }
@@ -420,11 +437,11 @@ fn ring_cache_attends_as_the_whole_cache_and_refuses_what_it_lost() {
     for len in [8, 3, 8, 1, 1, 7, 8, 8, 1, 8, 7] {
         let kt = b.tensor(&kv[pos * w..(pos + len) * w], len, w).unwrap();
         let vt = b.tensor(&vv[pos * w..(pos + len) * w], len, w).unwrap();
-        b.kv_write(&mut ring, pos, &kt, &vt).unwrap();
+        b.kv_write(&mut ring, &st(&b, pos, &kt), &kt, &vt).unwrap();
         let qt = b
             .tensor(&qv[pos * h * hd..(pos + len) * h * hd], len, h * hd)
             .unwrap();
-        got.extend(b.attention(&qt, &ring, pos, &p).unwrap().data);
+        got.extend(b.attention(&qt, &ring, &st(&b, pos, &qt), &p).unwrap().data);
         pos += len;
     }
     assert_eq!(pos, total);
@@ -434,16 +451,16 @@ fn ring_cache_attends_as_the_whole_cache_and_refuses_what_it_lost() {
     b.kv_truncate(&mut ring, 55).unwrap();
     let kt = b.tensor(&kv[55 * w..56 * w], 1, w).unwrap();
     let vt = b.tensor(&vv[55 * w..56 * w], 1, w).unwrap();
-    b.kv_write(&mut ring, 55, &kt, &vt).unwrap();
+    b.kv_write(&mut ring, &st(&b, 55, &kt), &kt, &vt).unwrap();
     let qt = b.tensor(&qv[55 * h * hd..56 * h * hd], 1, h * hd).unwrap();
     assert_close(
-        &b.attention(&qt, &ring, 55, &p).unwrap().data,
+        &b.attention(&qt, &ring, &st(&b, 55, &qt), &p).unwrap().data,
         &want[55 * h * hd..56 * h * hd],
         1e-5,
     );
     // queries whose window reaches positions the ring overwrote are refused
     let qt = b.tensor(&qv[..h * hd], 1, h * hd).unwrap();
-    assert!(b.attention(&qt, &ring, 50, &p).is_err());
+    assert!(b.attention(&qt, &ring, &st(&b, 50, &qt), &p).is_err());
     // so is one pass of more rows than the ring keeps for the window
     let mut small = b
         .kv_cache(KvShape {
@@ -453,13 +470,13 @@ fn ring_cache_attends_as_the_whole_cache_and_refuses_what_it_lost() {
         .unwrap();
     let kt = b.tensor(&kv[..14 * w], 14, w).unwrap();
     let vt = b.tensor(&vv[..14 * w], 14, w).unwrap();
-    b.kv_write(&mut small, 0, &kt, &vt).unwrap();
+    b.kv_write(&mut small, &st(&b, 0, &kt), &kt, &vt).unwrap();
     let qt = b.tensor(&qv[..14 * h * hd], 14, h * hd).unwrap();
-    assert!(b.attention(&qt, &small, 0, &p).is_err());
+    assert!(b.attention(&qt, &small, &st(&b, 0, &qt), &p).is_err());
     // without a window every position is needed: a wrapped ring refuses
     let full = AttnParams { window: None, ..p };
     let qt = b.tensor(&qv[..h * hd], 1, h * hd).unwrap();
-    assert!(b.attention(&qt, &ring, 55, &full).is_err());
+    assert!(b.attention(&qt, &ring, &st(&b, 55, &qt), &full).is_err());
 }
 
 #[test]

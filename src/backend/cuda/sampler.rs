@@ -63,9 +63,6 @@ pub struct CudaSamplerState {
     /// The background read of `out` (`sample_begin`), from the backend's pool: taken when the
     /// sampler is made (pipelined decode on) or on first use.
     readback: Option<PooledReadback>,
-    /// The position of the one-token step the last `sample_begin` fed its id to (the kernel
-    /// wrote id and position into the step buffer), if it did.
-    fed: Option<usize>,
 }
 
 /// Where a draw lands besides `out` (ops/sample's hand-over outputs, both optional).
@@ -162,7 +159,6 @@ impl CudaBackend {
                 } else {
                     None
                 },
-                fed: None,
             })
         };
         mk().map_err(be_err)
@@ -192,7 +188,6 @@ impl CudaBackend {
         st: &mut CudaSamplerState,
         banned: &[u32],
     ) -> Result<u32, BackendError> {
-        st.fed = None;
         self.enqueue_sample(&logits, st, banned, SampleHandover::default())?;
         let id = read_ptr(self.dev.stream(), st.out.ptr::<i32>(), 1).map_err(be_err)?[0];
         drop(logits);
@@ -200,8 +195,8 @@ impl CudaBackend {
     }
 
     /// `Backend::sample_begin`: the same launches, the id read back in the background. `feed`:
-    /// the one-token step buffer and the position `next_pos` to hand the id over to (the
-    /// kernel writes both; `begin_forward_sampled` at that position then copies nothing).
+    /// a one-row step's buffer and the position to hand the id over to (the kernel writes
+    /// both).
     /// With the hand-over on (`handover_enabled`) the kernel also writes the id to mapped host
     /// memory, so only an event follows it on the stream.
     pub fn sample_begin_impl(
@@ -210,9 +205,7 @@ impl CudaBackend {
         st: &mut CudaSamplerState,
         banned: &[u32],
         feed: Option<(DevPtr<i32>, i32)>,
-        next_pos: Option<usize>,
     ) -> Result<bool, BackendError> {
-        st.fed = None;
         if !pipeline_enabled() {
             return Ok(false);
         }
@@ -226,7 +219,6 @@ impl CudaBackend {
             .filter(|_| super::backend::handover_enabled())
             .map(|r| r.device_word());
         self.enqueue_sample(logits, st, banned, SampleHandover { feed, mirror })?;
-        st.fed = feed.and(next_pos);
         let out = st.out.ptr::<i32>();
         let stream = self.dev.stream();
         let rb = st.readback.as_mut().expect("created above");
@@ -249,14 +241,10 @@ impl CudaBackend {
         checked_id(id, st.vocab)
     }
 
-    /// Where the id of the sampler's last draw lands on the device (`begin_forward_sampled`).
+    /// Where the id of the sampler's last draw lands on the device (what feeds a step when the
+    /// kernel does not hand it over itself).
     pub fn sampled_id_ptr(st: &CudaSamplerState) -> DevPtr<i32> {
         st.out.ptr::<i32>()
-    }
-
-    /// The position of the one-token step the last `sample_begin` of `st` fed its id to.
-    pub fn fed_position(st: &CudaSamplerState) -> Option<usize> {
-        st.fed
     }
 
     /// Penalties, bans, the draw and the count update on the last row of `logits`, queued on

@@ -4,7 +4,7 @@
 
 use crate::backend::{
     can_concat, norm_next_apply, Activation, AttnParams, AttnPrep, Backend, MoeParams, Norm,
-    NormNext, Rope,
+    NormNext, Rope, StepOf,
 };
 use crate::bk;
 use crate::model::ModelError;
@@ -312,14 +312,14 @@ impl<B: Backend> AttentionLayer<B> {
         be: &B,
         x: &B::Tensor,
         cache: &mut B::KvCache,
-        pos0: usize,
+        step: &StepOf<B>,
     ) -> R<Option<B::Tensor>> {
         let (Qkv::Fused(w, _), false, Some(eps)) = (&self.qkv, self.gated, self.prep_eps()) else {
             return Ok(None);
         };
         let p = &self.params;
-        match bk!(be.linear_attn_prep(x, w, cache, pos0, &self.prep(eps)))? {
-            Some(q) => Ok(Some(bk!(be.attention(&q, cache, pos0, p))?)),
+        match bk!(be.linear_attn_prep(x, w, cache, step, &self.prep(eps)))? {
+            Some(q) => Ok(Some(bk!(be.attention(&q, cache, step, p))?)),
             None => Ok(None),
         }
     }
@@ -332,7 +332,7 @@ impl<B: Backend> AttentionLayer<B> {
         be: &B,
         (qf, mut k, v): (B::Tensor, B::Tensor, B::Tensor),
         cache: &mut B::KvCache,
-        pos0: usize,
+        step: &StepOf<B>,
     ) -> R<B::Tensor> {
         let p = &self.params;
         let hd = p.head_dim;
@@ -347,8 +347,8 @@ impl<B: Backend> AttentionLayer<B> {
             // q/k norms, RoPE, the cache write and the attention as one op (on the GPU one or
             // two kernels)
             Some(eps) => {
-                let q = bk!(be.attn_prep(&q, &k, &v, cache, pos0, &self.prep(eps)))?;
-                bk!(be.attention(&q, cache, pos0, p))?
+                let q = bk!(be.attn_prep(&q, &k, &v, cache, step, &self.prep(eps)))?;
+                bk!(be.attention(&q, cache, step, p))?
             }
             None => {
                 let q = match &self.q_norm {
@@ -358,10 +358,10 @@ impl<B: Backend> AttentionLayer<B> {
                 if let Some(n) = &self.k_norm {
                     k = n.apply(be, &k)?;
                 }
-                let q = bk!(be.rope(&q, p.n_heads, pos0, &self.rope))?;
-                let k = bk!(be.rope(&k, p.n_kv_heads, pos0, &self.rope))?;
-                bk!(be.kv_write(cache, pos0, &k, &v))?;
-                bk!(be.attention(&q, cache, pos0, p))?
+                let q = bk!(be.rope(&q, p.n_heads, step, &self.rope))?;
+                let k = bk!(be.rope(&k, p.n_kv_heads, step, &self.rope))?;
+                bk!(be.kv_write(cache, step, &k, &v))?;
+                bk!(be.attention(&q, cache, step, p))?
             }
         };
         if let Some(g) = gate {

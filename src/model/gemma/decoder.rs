@@ -24,7 +24,7 @@ use crate::model::common::prefill_chunk;
 use super::layers::{GemmaWeights, Layer};
 use super::spec::{GemmaSpec, NormForm};
 use super::weights::me;
-use crate::backend::{Activation, AttnParams, AttnPrep, Backend, Norm, PostNorm};
+use crate::backend::{Activation, AttnParams, AttnPrep, Backend, Norm, PostNorm, StepOf};
 use crate::model::{Logits, ModelError, ModelInfo};
 
 /// A residual add still pending: the branch output `y`, the norm it takes before the add (None:
@@ -107,13 +107,13 @@ impl<B: Backend> GemmaModel<B> {
             .map_err(me)
     }
 
-    /// Per-layer inputs for `ids` (`[n, n_layers * ple_dim]`), given the scaled embeddings.
-    fn ple_inputs(&self, ids: &[u32], x: &B::Tensor) -> Result<Option<B::Tensor>, ModelError> {
+    /// Per-layer inputs for the step's ids (`[n, n_layers * ple_dim]`), given the scaled embeddings.
+    fn ple_inputs(&self, step: &StepOf<B>, x: &B::Tensor) -> Result<Option<B::Tensor>, ModelError> {
         let (Some(ple), p) = (&self.weights.ple, self.spec.ple_dim) else {
             return Ok(None);
         };
         let be = &*self.backend;
-        let tok = be.embed(&ple.embed, ids, (p as f32).sqrt()).map_err(me)?;
+        let tok = be.embed(&ple.embed, step, (p as f32).sqrt()).map_err(me)?;
         let proj = be.linear(x, &ple.model_proj).map_err(me)?;
         let proj = be
             .scale(&proj, (self.spec.hidden as f32).powf(-0.5))
@@ -159,7 +159,7 @@ impl<B: Backend> GemmaModel<B> {
         }
     }
 
-    /// One decoder layer over the hidden state `r` (`[n, hidden]`, rows at positions `pos0..`).
+    /// One decoder layer over the hidden state `r` (`[n, hidden]`, rows at the step's positions).
     /// Every residual add runs fused with the norm of the branch before it and the norm of the
     /// sum after it (`norm_add_rms_norm`): the post-attention norm, add and `ffn_norm`; and
     /// (no PLE) the post-FFN norm, add and layer scalar with the next layer's `attn_norm` or the
@@ -168,7 +168,7 @@ impl<B: Backend> GemmaModel<B> {
         &'w self,
         i: usize,
         r: Resid<'w, B>,
-        pos0: usize,
+        step: &StepOf<B>,
         caches: &mut [Option<B::KvCache>],
         pli: Option<&B::Tensor>,
     ) -> Result<Resid<'w, B>, ModelError> {
@@ -180,15 +180,15 @@ impl<B: Backend> GemmaModel<B> {
             let cache = caches[i]
                 .as_mut()
                 .ok_or_else(|| ModelError::Other(format!("layer {i} has no cache")))?;
-            self.prep_qkv(i, &h, pos0, cache)?
+            self.prep_qkv(i, &h, step, cache)?
         } else {
-            self.query(i, &h, pos0)?
+            self.query(i, &h, step)?
         };
         let src = ls.kv_source.unwrap_or(i);
         let cache = caches[src]
             .as_ref()
             .ok_or_else(|| ModelError::Other(format!("layer {src} has no cache")))?;
-        let o = self.attn_out(i, &q, cache, pos0, ls.n_kv_heads)?;
+        let o = self.attn_out(i, &q, cache, step, ls.n_kv_heads)?;
         let attn = Pending {
             y: o,
             post: Some(&w.post_attn_norm),
@@ -224,7 +224,7 @@ impl<B: Backend> GemmaModel<B> {
         &self,
         i: usize,
         h: &B::Tensor,
-        pos0: usize,
+        step: &StepOf<B>,
         cache: &mut B::KvCache,
     ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
@@ -235,8 +235,8 @@ impl<B: Backend> GemmaModel<B> {
         };
         if ls.rope.head_dim != ls.head_dim {
             // not the shape attn_prep takes: the ops one by one
-            let q = self.rope_query(i, &q, pos0)?;
-            self.write_kv(i, &k, v.as_ref(), pos0, cache)?;
+            let q = self.rope_query(i, &q, step)?;
+            self.write_kv(i, &k, v.as_ref(), step, cache)?;
             return Ok(q);
         }
         let p = AttnPrep {
@@ -249,34 +249,44 @@ impl<B: Backend> GemmaModel<B> {
             rope: &ls.rope,
         };
         // K=V layers: V is the raw K projection (before k_norm and RoPE)
-        be.attn_prep(&q, &k, v.as_ref().unwrap_or(&k), cache, pos0, &p)
+        be.attn_prep(&q, &k, v.as_ref().unwrap_or(&k), cache, step, &p)
             .map_err(me)
     }
 
-    /// `rope(q_norm(Wq h))` for rows at positions `pos0..`.
-    pub fn query(&self, i: usize, h: &B::Tensor, pos0: usize) -> Result<B::Tensor, ModelError> {
+    /// `rope(q_norm(Wq h))` for rows at the step's positions.
+    pub fn query(
+        &self,
+        i: usize,
+        h: &B::Tensor,
+        step: &StepOf<B>,
+    ) -> Result<B::Tensor, ModelError> {
         let (q, _, _) = self.weights.layers[i].qkv.forward(&*self.backend, h)?;
-        self.rope_query(i, &q, pos0)
+        self.rope_query(i, &q, step)
     }
 
-    /// `rope(q_norm(q))` of the q projection for rows at positions `pos0..`.
-    fn rope_query(&self, i: usize, q: &B::Tensor, pos0: usize) -> Result<B::Tensor, ModelError> {
+    /// `rope(q_norm(q))` of the q projection for rows at the step's positions.
+    fn rope_query(
+        &self,
+        i: usize,
+        q: &B::Tensor,
+        step: &StepOf<B>,
+    ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
         let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
         let q = be
             .rms_norm(q, self.norm(&w.q_norm), self.spec.eps, ls.head_dim)
             .map_err(me)?;
-        be.rope(&q, self.spec.n_heads, pos0, &ls.rope).map_err(me)
+        be.rope(&q, self.spec.n_heads, step, &ls.rope).map_err(me)
     }
 
-    /// Norm, rotate and write this layer's K and V projections at `pos0..` (`v` None on K=V
+    /// Norm, rotate and write this layer's K and V projections at the step's positions (`v` None on K=V
     /// layers: V is the raw K projection, before k_norm and RoPE).
     fn write_kv(
         &self,
         i: usize,
         k_raw: &B::Tensor,
         v: Option<&B::Tensor>,
-        pos0: usize,
+        step: &StepOf<B>,
         cache: &mut B::KvCache,
     ) -> Result<(), ModelError> {
         let be = &*self.backend;
@@ -293,22 +303,22 @@ impl<B: Backend> GemmaModel<B> {
         };
         let v = vn.as_ref().unwrap_or(v);
         let k = be.rms_norm(k_raw, self.norm(kn), eps, hd).map_err(me)?;
-        let k = be.rope(&k, ls.n_kv_heads, pos0, &ls.rope).map_err(me)?;
-        be.kv_write(cache, pos0, &k, v).map_err(me)
+        let k = be.rope(&k, ls.n_kv_heads, step, &ls.rope).map_err(me)?;
+        be.kv_write(cache, step, &k, v).map_err(me)
     }
 
-    /// `x + post_attn_norm(Wo attention(q, cache))`; the queries see the cache up to position
-    /// `pos0 + row` (limited by the window on sliding layers).
+    /// `x + post_attn_norm(Wo attention(q, cache))`; each query sees the cache up to its row's
+    /// position in `step` (limited by the window on sliding layers).
     pub fn attend(
         &self,
         i: usize,
         x: &B::Tensor,
         q: &B::Tensor,
         cache: &B::KvCache,
-        pos0: usize,
+        step: &StepOf<B>,
         n_kv_heads: usize,
     ) -> Result<B::Tensor, ModelError> {
-        let y = self.attn_branch(i, q, cache, pos0, n_kv_heads)?;
+        let y = self.attn_branch(i, q, cache, step, n_kv_heads)?;
         self.backend.add(x, &y).map_err(me)
     }
 
@@ -318,10 +328,10 @@ impl<B: Backend> GemmaModel<B> {
         i: usize,
         q: &B::Tensor,
         cache: &B::KvCache,
-        pos0: usize,
+        step: &StepOf<B>,
         n_kv_heads: usize,
     ) -> Result<B::Tensor, ModelError> {
-        let o = self.attn_out(i, q, cache, pos0, n_kv_heads)?;
+        let o = self.attn_out(i, q, cache, step, n_kv_heads)?;
         self.rms(&o, &self.weights.layers[i].post_attn_norm)
     }
 
@@ -331,7 +341,7 @@ impl<B: Backend> GemmaModel<B> {
         i: usize,
         q: &B::Tensor,
         cache: &B::KvCache,
-        pos0: usize,
+        step: &StepOf<B>,
         n_kv_heads: usize,
     ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
@@ -348,7 +358,7 @@ impl<B: Backend> GemmaModel<B> {
             },
             softcap: None,
         };
-        let a = be.attention(q, cache, pos0, &p).map_err(me)?;
+        let a = be.attention(q, cache, step, &p).map_err(me)?;
         be.linear(&a, &w.o).map_err(me)
     }
 
@@ -429,23 +439,21 @@ impl<B: Backend> GemmaModel<B> {
         Ok(x)
     }
 
-    /// Run `ids` at positions `pos0..` through every layer; returns the final-normed hidden
+    /// Run the step's tokens through every layer; returns the final-normed hidden
     /// states `[n, hidden]`.
     pub fn hidden_states(
         &self,
-        ids: &[u32],
-        pos0: usize,
+        step: &StepOf<B>,
         caches: &mut [Option<B::KvCache>],
     ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
-        be.begin_forward(ids, pos0).map_err(me)?;
         let x = be
-            .embed(&self.weights.embed, ids, self.spec.embed_scale)
+            .embed(&self.weights.embed, step, self.spec.embed_scale)
             .map_err(me)?;
-        let pli = self.ple_inputs(ids, &x)?;
+        let pli = self.ple_inputs(step, &x)?;
         let mut r = Resid { x, y: None };
         for i in 0..self.spec.n_layers() {
-            r = self.layer(i, r, pos0, caches, pli.as_ref())?;
+            r = self.layer(i, r, step, caches, pli.as_ref())?;
         }
         Ok(self.norm_resid(r, &self.weights.final_norm)?.1)
     }

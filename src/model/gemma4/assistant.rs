@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use crate::arch::Detected;
-use crate::backend::Backend;
+use crate::backend::{Backend, LogitRows, StepPlan};
 use crate::model::gemma::config::{self, bad};
 use crate::model::gemma::layers::GemmaWeights;
 use crate::model::gemma::spec::GemmaSpec;
@@ -134,7 +134,8 @@ impl<B: Backend> Gemma4Assistant<B> {
         pos: usize,
     ) -> Result<Draft<B>, ModelError> {
         let be = &*self.model.backend;
-        let tm = &*target.model;
+        let tm = &**target.model();
+        let state = target.state().ok_or(ModelError::Empty)?;
         if token as usize >= tm.spec.vocab {
             return Err(ModelError::BadToken {
                 id: token,
@@ -145,8 +146,16 @@ impl<B: Backend> Gemma4Assistant<B> {
         if kv_len == 0 {
             return Err(ModelError::Empty);
         }
+        // the token's step (its embedding, the queries' RoPE) and the step the queries attend
+        // from (the target's last cached position)
+        let step = |pos| {
+            StepPlan::single(&[token], pos, LogitRows::Last)
+                .and_then(|p| be.step(p))
+                .map_err(me)
+        };
+        let (at_token, at_end) = (step(pos)?, step(kv_len - 1)?);
         let e = be
-            .embed(&tm.weights.embed, &[token], tm.spec.embed_scale)
+            .embed(&tm.weights.embed, &at_token, tm.spec.embed_scale)
             .map_err(me)?;
         let xh = be.concat_cols(&[&e, hidden]).map_err(me)?;
         let mut x = be.linear(&xh, &self.pre_projection).map_err(me)?;
@@ -155,12 +164,12 @@ impl<B: Backend> Gemma4Assistant<B> {
             let src = l
                 .kv_source
                 .ok_or_else(|| bad(ARCH, format!("layer {i} has no target layer")))?;
-            let cache = target.caches[src]
+            let cache = state.caches[src]
                 .as_ref()
                 .ok_or_else(|| bad(ARCH, format!("target layer {src} has no cache")))?;
             let h = m.rms(&x, &m.weights.layers[i].attn_norm)?;
-            let q = m.query(i, &h, pos)?;
-            x = m.attend(i, &x, &q, cache, kv_len - 1, l.n_kv_heads)?;
+            let q = m.query(i, &h, &at_token)?;
+            x = m.attend(i, &x, &q, cache, &at_end, l.n_kv_heads)?;
             x = m.ffn(i, &x, None)?;
         }
         let y = m.rms(&x, &m.weights.final_norm)?;

@@ -1,23 +1,22 @@
 //! The Qwen decoder (Qwen3, Qwen3-MoE, Qwen3.5/3.6 dense and MoE), written once over `Backend`,
-//! and its session (KV caches for attention layers, conv + recurrent state for GDN layers).
+//! and its per-sequence state (KV caches for attention layers, conv + recurrent state for GDN
+//! layers) as the shared session drives it.
 
 use std::sync::Arc;
 
-use crate::backend::{Activation, AttnParams, Backend, KvShape, MoeParams, NormNext, Rope};
+use crate::backend::{
+    Activation, AttnParams, Backend, KvShape, LogitRows, MoeParams, NormNext, Rope, StepOf,
+};
 use crate::bk;
 use crate::model::common::prefill_chunk;
-use crate::model::common::replay::StepReplay;
+use crate::model::common::session::{Decoder, DecoderSession, StepOutput};
 use crate::model::common::source::BankSource;
 use crate::model::common::{
     expert_bank, AttentionLayer, Dense, GateUp, MoeBlock, NormW, Qkv, WeightSource,
 };
 use crate::model::registry::LoadOptions;
-use crate::model::{
-    host_forward_sample, BackendSampler, CausalLm, Logits, ModelError, ModelInfo, Session,
-    TokenSampler,
-};
+use crate::model::{CausalLm, ModelError, ModelInfo, Session};
 use crate::ops::RopeLayout;
-use crate::sampling::SamplingParams;
 
 use super::config::{Mixer, QwenConfig};
 use super::gdn::{GdnLayer, GdnState};
@@ -382,82 +381,38 @@ impl<B: Backend> QwenModel<B> {
     }
 }
 
-enum LayerState<B: Backend> {
+/// One layer's per-sequence state: a KV cache (attention) or a Gated DeltaNet state.
+pub enum LayerState<B: Backend> {
     Kv(B::KvCache),
     Gdn(GdnState<B>),
 }
 
 /// One sequence on a Qwen model.
-pub struct QwenSession<B: Backend> {
-    model: Arc<QwenModel<B>>,
-    /// Created on first use (creation can fail; `new_session` cannot).
-    states: Option<Vec<LayerState<B>>>,
-    len: usize,
-    /// Set when a forward failed half-way; only `rewind(0)` recovers.
-    broken: bool,
-    /// Decode-step replay (CUDA graph) and the logits tensor it writes.
-    graph: StepReplay<B>,
-}
+pub type QwenSession<B> = DecoderSession<QwenModel<B>>;
 
 impl<B: Backend> CausalLm for QwenModel<B> {
     fn info(&self) -> &ModelInfo {
         &self.info
     }
     fn new_session(self: Arc<Self>) -> Box<dyn Session> {
-        Box::new(QwenSession {
-            model: self,
-            states: None,
-            len: 0,
-            broken: false,
-            graph: StepReplay::default(),
-        })
+        Box::new(DecoderSession::new(self))
     }
 }
 
-impl<B: Backend> QwenSession<B> {
-    /// The forward pass; returns the logits tensor (last row, or every row when `all`). A
-    /// one-token step is recorded once and then replayed (see `StepReplay`).
-    fn run(&mut self, tokens: &[u32], all: bool) -> R<B::Tensor> {
-        self.graph.forget_inflight();
-        let model = Arc::clone(&self.model);
-        let be = &*model.be;
-        let chunk = prefill_chunk().max(1);
-        if !all && tokens.len() > chunk {
-            // Long prompts run in chunks (bounded activation memory); the last chunk's logits
-            // are the pass's. `self.len` is restored: `step` advances it on success.
-            let start = self.len;
-            let mut out = Err(ModelError::Empty);
-            for c in tokens.chunks(chunk) {
-                out = self.run_ops(c, false);
-                if out.is_err() {
-                    break;
-                }
-                self.len += c.len();
-            }
-            self.len = start;
-            return out;
-        }
-        if tokens.len() != 1 || all {
-            return self.run_ops(tokens, all);
-        }
-        let pos0 = self.len;
-        let mut graph = std::mem::take(&mut self.graph);
-        let r = graph.step(be, tokens, pos0, || self.run_ops(tokens, false));
-        self.graph = graph;
-        r
-    }
-
-    fn run_ops(&mut self, tokens: &[u32], all: bool) -> R<B::Tensor> {
-        let m = &*self.model;
+impl<B: Backend> QwenModel<B> {
+    /// The forward pass of `step` (one sequence, `states`' own): the logits of the rows the
+    /// step asks for.
+    fn forward_step(
+        &self,
+        step: &StepOf<B>,
+        states: &mut [LayerState<B>],
+    ) -> R<StepOutput<B::Tensor>> {
+        let m = self;
         let be = &*m.be;
-        if self.states.is_none() {
-            self.states = Some(m.new_states()?);
-        }
-        let states = self.states.as_mut().expect("created above");
-        let pos0 = self.len;
-        let n = tokens.len();
-        bk!(be.begin_forward(tokens, pos0))?;
-        let mut h = bk!(be.embed(&m.embed, tokens, 1.0))?;
+        let n = step.plan().rows();
+        let rows = step.plan().logits();
+        let all = rows == LogitRows::All;
+        let mut h = bk!(be.embed(&m.embed, step, 1.0))?;
         // The residual stream is h + y: every add is fused with the norm that follows it (the
         // post-attention norm, the next layer's input norm, the final norm), and where the
         // branch ends in a projection (o_proj, down) and the norm feeds projections (gate|up,
@@ -479,16 +434,16 @@ impl<B: Backend> QwenSession<B> {
                                 &NormNext::Linear(&ws),
                             )?;
                             h = s;
-                            a.attend(be, a.qkv.split(be, outs)?, c, pos0)?
+                            a.attend(be, a.qkv.split(be, outs)?, c, step)?
                         }
                         // where the norm is not deferred, the projection, the add and the norm
                         // run as their ops, so q|k|v can join the attention input
                         p => {
                             let x = norm_pending(be, &layer.attn_norm, &mut h, p)?;
                             // q|k|v and the attention input in one op where the backend has it
-                            match a.attend_fused(be, &x, c, pos0)? {
+                            match a.attend_fused(be, &x, c, step)? {
                                 Some(out) => out,
-                                None => a.attend(be, a.qkv.forward(be, &x)?, c, pos0)?,
+                                None => a.attend(be, a.qkv.forward(be, &x)?, c, step)?,
                             }
                         }
                     };
@@ -552,6 +507,13 @@ impl<B: Backend> QwenSession<B> {
             };
             pending = Some(Pending::Proj(g, &d.down));
         }
+        if rows == LogitRows::None {
+            // a prompt chunk before the last: its K/V rows are written, no row reaches the head
+            return Ok(StepOutput {
+                logits: None,
+                hidden: None,
+            });
+        }
         let pending = pending.map(|p| p.output(be)).transpose()?;
         // only the last row reaches the head unless every row's logits are asked for (rows are
         // independent here: slicing h and y first equals slicing their sum)
@@ -565,163 +527,61 @@ impl<B: Backend> QwenSession<B> {
             Some(y) => m.norm.add_apply(be, &h, &y)?.1,
             None => m.norm.apply(be, &h)?,
         };
-        Ok(bk!(be.linear(&h, m.lm_head.as_ref().unwrap_or(&m.embed)))?)
-    }
-
-    /// What a step of `tokens` needs: a usable session, tokens in the vocabulary, room in the
-    /// context.
-    fn check_step(&self, tokens: &[u32]) -> R<()> {
-        if self.broken {
-            return Err(ModelError::Other(
-                "session state is invalid after a failed step; rewind to 0".into(),
-            ));
-        }
-        if tokens.is_empty() {
-            return Err(ModelError::Empty);
-        }
-        let vocab = self.model.info.vocab_size;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ModelError::BadToken { id, vocab });
-        }
-        let max = self.model.info.max_context;
-        if self.len + tokens.len() > max {
-            return Err(ModelError::ContextOverflow {
-                len: self.len + tokens.len(),
-                max,
-            });
-        }
-        Ok(())
-    }
-
-    /// Whether one-token steps may be pipelined (`StepReplay::step_sampled`): every layer's
-    /// state is a KV cache (a recurrent state would keep what a step not taken wrote). Decided
-    /// by the layers, not by states made yet: a session that starts with one-token steps (no
-    /// prompt) records its step on the second call like any other. (Asked of the states, its
-    /// first call ran outside the replay and the third was the one recorded; `fucina bench` at
-    /// depth 0 timed that capture, ~1.5 ms, in its window.)
-    fn pipelinable(&self) -> bool {
-        !self.model.has_recurrent()
-    }
-
-    /// The checks of `step`, then a pipelined one-token step and draw (the next step queued
-    /// fed with the drawn id, see `StepReplay::step_sampled`).
-    fn step_pipelined(&mut self, token: u32, s: &mut BackendSampler<B>, banned: &[u32]) -> R<u32> {
-        self.check_step(&[token])?;
-        let max = self.model.info.max_context;
-        let model = Arc::clone(&self.model);
-        let pos0 = self.len;
-        let next = (pos0 + 2 <= max).then_some(pos0 + 1);
-        let mut graph = std::mem::take(&mut self.graph);
-        let r = graph.step_sampled(&*model.be, token, pos0, next, s.state_mut(), banned, || {
-            Ok(vec![self.run_ops(&[token], false)?])
-        });
-        self.graph = graph;
-        match r {
-            Ok(st) => {
-                self.len += 1;
-                Ok(st.token)
-            }
-            Err(e) => {
-                self.broken = true;
-                Err(e)
-            }
-        }
-    }
-
-    /// Checks, the forward pass, then `finish` on its logits; a failure marks the session
-    /// broken.
-    fn step<T>(
-        &mut self,
-        tokens: &[u32],
-        all: bool,
-        finish: impl FnOnce(&B, B::Tensor) -> R<T>,
-    ) -> R<T> {
-        self.check_step(tokens)?;
-        let model = Arc::clone(&self.model);
-        match self.run(tokens, all).and_then(|l| finish(&model.be, l)) {
-            Ok(v) => {
-                self.len += tokens.len();
-                Ok(v)
-            }
-            Err(e) => {
-                self.broken = true;
-                Err(e)
-            }
-        }
+        let logits = bk!(be.linear(&h, m.lm_head.as_ref().unwrap_or(&m.embed)))?;
+        Ok(StepOutput {
+            logits: Some(logits),
+            hidden: None,
+        })
     }
 }
 
-impl<B: Backend> Session for QwenSession<B> {
-    fn forward(&mut self, tokens: &[u32], all: bool) -> R<Logits> {
-        self.step(tokens, all, |be, logits| {
-            let (rows, vocab) = be.dims(&logits);
-            let data = bk!(be.to_host(&logits))?;
-            Ok(Logits { rows, vocab, data })
-        })
+impl<B: Backend> Decoder for QwenModel<B> {
+    type B = B;
+    type State = Vec<LayerState<B>>;
+
+    fn backend(&self) -> &Arc<B> {
+        &self.be
     }
 
-    fn sampler(
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_state(&self) -> R<Vec<LayerState<B>>> {
+        self.new_states()
+    }
+
+    fn forward(
         &self,
-        params: &SamplingParams,
-        prompt: &[u32],
-        vocab: usize,
-    ) -> R<Box<dyn TokenSampler>> {
-        BackendSampler::boxed(&self.model.be, params, prompt, vocab)
+        step: &StepOf<B>,
+        states: &mut Vec<LayerState<B>>,
+    ) -> R<StepOutput<B::Tensor>> {
+        self.forward_step(step, states)
     }
 
-    fn forward_sample(
-        &mut self,
-        tokens: &[u32],
-        sampler: &mut dyn TokenSampler,
-        banned: &[u32],
-    ) -> R<u32> {
-        match sampler.as_any_mut().downcast_mut::<BackendSampler<B>>() {
-            Some(s) if tokens.len() == 1 && self.pipelinable() => {
-                self.step_pipelined(tokens[0], s, banned)
-            }
-            Some(s) => self.step(tokens, false, |_, logits| s.sample(logits, banned)),
-            None => host_forward_sample(self, tokens, sampler, banned),
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn rewind(&mut self, n: usize) -> R<()> {
-        self.graph.forget_inflight();
-        if n == 0 {
-            // the recorded step points at the caches dropped here
-            self.graph = StepReplay::default();
-            self.states = None;
-            self.len = 0;
-            self.broken = false;
-            return Ok(());
-        }
-        if n > self.len {
-            return Err(ModelError::Rewind {
-                to: n,
-                why: format!("only {} tokens held", self.len),
-            });
-        }
-        if n == self.len && !self.broken {
-            return Ok(());
-        }
-        if self.broken || self.model.has_recurrent() {
+    fn rewind(&self, states: &mut Vec<LayerState<B>>, _len: usize, n: usize) -> R<()> {
+        if self.has_recurrent() {
             return Err(ModelError::Rewind {
                 to: n,
                 why: "the Gated DeltaNet recurrent state cannot be rewound; re-prefill".into(),
             });
         }
-        let be = &*self.model.be;
-        if let Some(states) = self.states.as_mut() {
-            for st in states.iter_mut() {
-                if let LayerState::Kv(c) = st {
-                    bk!(be.kv_truncate(c, n))?;
-                }
+        for st in states.iter_mut() {
+            if let LayerState::Kv(c) = st {
+                bk!(self.be.kv_truncate(c, n))?;
             }
         }
-        self.len = n;
         Ok(())
+    }
+
+    /// Every layer's state is a KV cache (a recurrent state would keep what a step not taken
+    /// wrote). Decided by the layers, not by states made yet: a session that starts with
+    /// one-token steps (no prompt) records its step on the second call like any other.
+    fn rewritable(&self) -> bool {
+        !self.has_recurrent()
+    }
+
+    fn pass_chunk(&self) -> usize {
+        prefill_chunk()
     }
 }

@@ -3,7 +3,7 @@
 
 use super::super::types::{GpuKvCache, GpuTensor, Q8Side};
 use super::{attn_q8_enabled, CudaBackend};
-use crate::backend::{AttnParams, BackendError, Result};
+use crate::backend::{AttnParams, BackendError, Result, StepOf};
 
 impl CudaBackend {
     /// [`crate::backend::Backend::attention`].
@@ -11,7 +11,7 @@ impl CudaBackend {
         &self,
         q: &GpuTensor,
         cache: &GpuKvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         p: &AttnParams,
     ) -> Result<GpuTensor> {
         let width = p.n_heads * p.head_dim;
@@ -27,8 +27,9 @@ impl CudaBackend {
         if q.rows == 0 {
             return self.alloc_tensor(0, width);
         }
-        let pos = self.positions(pos0, q.rows)?;
-        let max_pos = pos0 + q.rows - 1;
+        let seq = step.plan().seq_of("attention", q.rows)?;
+        let pos = step.dev().positions("attention", q.rows)?;
+        let max_pos = seq.pos0 + q.rows - 1;
         // a decode row's int8 side-car, written by the attention kernel: the O projection
         // then needs no quantize launch
         let q8 = if p.head_dim % 128 == 0 && attn_q8_enabled() {
@@ -41,7 +42,7 @@ impl CudaBackend {
             q.ptr(),
             q.rows,
             cache,
-            pos.ptr,
+            pos,
             max_pos,
             p,
             q8.as_ref().map(Q8Side::ptrs),

@@ -8,9 +8,8 @@ use super::super::launch_prefill::{glu_vec_ok, rms_norm_rows_suffix, PREFILL_MIN
 use super::super::launch_ptr::{copy_2d, Broadcast, EwiseMode, NormWeightPtr};
 use super::super::types::{Bf16Side, GpuTensor, GpuWeight, Q8Side};
 use super::linear::{slice, sub};
-use super::step::StepInput;
 use super::CudaBackend;
-use crate::backend::{Activation, BackendError, Norm, Result, Rope};
+use crate::backend::{Activation, BackendError, Norm, Result, Rope, StepOf};
 use crate::kernels::{BatchBucket, Op, Quant};
 
 fn shape(op: &'static str, detail: String) -> BackendError {
@@ -402,19 +401,6 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// Positions `pos0 .. pos0 + rows` on the device: the step buffer's when registered, else a
-    /// pooled upload.
-    pub(super) fn positions(&self, pos0: usize, rows: usize) -> Result<StepInput> {
-        if let Some(p) = self.step().pos_ptr(pos0, rows) {
-            return Ok(StepInput::registered(p));
-        }
-        if pos0.checked_add(rows).is_none_or(|e| e > i32::MAX as usize) {
-            return Err(shape("positions", format!("{pos0}+{rows} exceeds i32")));
-        }
-        let v: Vec<i32> = (pos0..pos0 + rows).map(|p| p as i32).collect();
-        Ok(StepInput::upload(&self.pool, &v)?)
-    }
-
     /// Device copy of a RoPE layer's frequency divisors, uploaded once per distinct content.
     pub(super) fn freq_factors(&self, ff: &[f32]) -> Result<super::super::buf::DevPtr<f32>> {
         let key: Vec<u32> = ff.iter().map(|v| v.to_bits()).collect();
@@ -432,7 +418,7 @@ impl CudaBackend {
         &self,
         x: &GpuTensor,
         n_heads: usize,
-        pos0: usize,
+        step: &StepOf<Self>,
         rope: &Rope,
     ) -> Result<GpuTensor> {
         let hd = rope.head_dim;
@@ -463,7 +449,7 @@ impl CudaBackend {
             Some(f) => Some(self.freq_factors(f)?),
             None => None,
         };
-        let pos = self.positions(pos0, x.rows)?;
+        let pos = step.dev().positions("rope", x.rows)?;
         let k = self.kern(Op::Rope, Quant::F32, BatchBucket::Any)?;
         let p = RopeLaunch {
             rows: x.rows,
@@ -474,37 +460,31 @@ impl CudaBackend {
             layout: rope.layout,
             theta: rope.theta,
         };
-        self.dev.rope_ptr(&k, x.ptr(), y.ptr(), pos.ptr, ff, &p)?;
+        self.dev.rope_ptr(&k, x.ptr(), y.ptr(), pos, ff, &p)?;
         Ok(y)
     }
 
     pub(super) fn embed_impl(
         &self,
         table: &GpuWeight,
-        ids: &[u32],
+        step: &StepOf<Self>,
         scale: f32,
     ) -> Result<GpuTensor> {
         let v = table.matrix()?;
+        let rows = step.plan().rows();
+        // a fed step's id comes from the sampler, below the vocabulary by construction
+        let ids = step.plan().ids().unwrap_or(&[]);
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= v.rows) {
             return Err(shape(
                 "embed",
                 format!("id {bad} outside a table of {} rows", v.rows),
             ));
         }
-        let y = self.alloc_tensor(ids.len(), v.cols)?;
-        if ids.is_empty() {
-            return Ok(y);
-        }
-        let idp = match self.step().ids_ptr(ids) {
-            Some(p) => StepInput::registered(p),
-            None => {
-                let v: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
-                StepInput::upload(&self.pool, &v)?
-            }
-        };
+        let y = self.alloc_tensor(rows, v.cols)?;
+        let idp = step.dev().ids("embed", rows)?;
         let k = self.kern(Op::Embed, v.quant, BatchBucket::Any)?;
         self.dev
-            .embed_ptr(&k, v.data, v.rows, v.cols, idp.ptr, y.ptr(), scale)?;
+            .embed_ptr(&k, v.data, v.rows, v.cols, idp, y.ptr(), scale)?;
         Ok(y)
     }
 }

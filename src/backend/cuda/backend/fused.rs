@@ -3,7 +3,7 @@
 //! Gemma's post-norm of the added branch and the layer scalar on the sum) and `attn_prep`
 //! (per-head q/k/v norms, RoPE, K/V into the cache: one launch instead of up to six). All read
 //! and write
-//! only pooled or cache memory and take positions from the step buffer, so they sit in a
+//! only pooled or cache memory and take positions from the step, so they sit in a
 //! recorded decode step like the ops they replace. With many rows (prefill) `attn_prep` takes
 //! the kernel's multi-row entry (one warp per (row, head)), whose bytes equal the decode form's.
 
@@ -16,7 +16,7 @@ use super::super::launch_prefill::{attn_prep_rows_suffix, PREFILL_MIN_ROWS};
 use super::super::launch_ptr::NormWeightPtr;
 use super::super::types::{Bf16Side, GpuKvCache, GpuTensor, Q8Side};
 use super::CudaBackend;
-use crate::backend::{attn_prep_composed, AttnPrep, BackendError, Norm, PostNorm, Result};
+use crate::backend::{attn_prep_composed, AttnPrep, BackendError, Norm, PostNorm, Result, StepOf};
 use crate::kernels::{BatchBucket, Op, Quant};
 
 fn shape(op: &'static str, detail: String) -> BackendError {
@@ -321,17 +321,18 @@ impl CudaBackend {
         k: &GpuTensor,
         v: &GpuTensor,
         cache: &mut GpuKvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         p: &AttnPrep<'_, GpuTensor>,
     ) -> Result<GpuTensor> {
         if !self.prep_fits(q, k, v, cache, p)? || q.rows == 0 {
             // shapes the kernel does not take: the plain ops (which report what is wrong)
-            return attn_prep_composed(self, q, k, v, cache, pos0, p);
+            return attn_prep_composed(self, q, k, v, cache, step, p);
         }
         let hd = p.rope.head_dim;
-        let pos = self.positions(pos0, q.rows)?;
+        let seq = step.plan().seq_of("attn_prep", q.rows)?;
+        let pos = step.dev().positions("attn_prep", q.rows)?;
         let q_out = self.alloc_tensor(q.rows, q.cols)?;
-        let (launch, bufs) = self.prep_parts((q, k, v), cache, p, pos.ptr, q_out.ptr())?;
+        let (launch, bufs) = self.prep_parts((q, k, v), cache, p, pos, q_out.ptr())?;
         let kern = self.kern(Op::AttnPrep, kv_quant(cache.kv_type), BatchBucket::Any)?;
         let layout = kv_layout(&cache.shape, cache.kv_type);
         // Many rows: one warp per (row, head), the same bytes as the main entry. Not the decode
@@ -345,7 +346,7 @@ impl CudaBackend {
             }
             None => self.dev.attn_prep_ptr(&kern, &launch, &layout, &bufs)?,
         }
-        cache.len = cache.len.max(pos0 + q.rows);
+        cache.len = cache.len.max(seq.pos0 + q.rows);
         Ok(q_out)
     }
 }

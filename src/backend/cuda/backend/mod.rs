@@ -2,7 +2,7 @@
 //!
 //! Split by concern: `weights.rs` (upload), `linear.rs` (GEMV / GEMM), `elementwise.rs`
 //! (elementwise, shape, norms, RoPE, embedding), `fused.rs` (add + norm, attention input),
-//! `step.rs` (token ids and positions of the current pass in device memory). KV cache, attention and MoE delegate to `CudaDevice` methods
+//! `step.rs` (a step's token ids and positions in device memory). KV cache, attention and MoE delegate to `CudaDevice` methods
 //! in `kv.rs` / `moe.rs`.
 //!
 //! Everything runs on the device's one stream; ops allocate their outputs from the pool and
@@ -34,12 +34,12 @@ use super::CudaDevice;
 use crate::backend::cuda::CudaSamplerState;
 use crate::backend::{
     Activation, AttnParams, AttnPrep, Backend, BackendError, KvShape, MoeParams, Norm, PostNorm,
-    RecordedStep, Result, Rope,
+    RecordedStep, Result, Rope, Step, StepOf, StepPlan,
 };
 use crate::kernels::{BatchBucket, Op, Quant};
 use crate::weights::TensorRef;
 
-use step::StepState;
+pub use step::GpuStep;
 
 /// Whether decode attention writes its output's int8 side-car (`FUCINA_ATTN_Q8=0` turns it off:
 /// the O projection then quantises in a launch of its own; read once).
@@ -66,8 +66,6 @@ pub struct CudaBackend {
     kernels_q8: Mutex<HashMap<Op, KernQ8>>,
     /// Extra entries (`__<suffix>`: the multi-row forms) by (op, quant, suffix).
     kernels_entry: Mutex<HashMap<EntryKey, KernEntry>>,
-    /// Token ids and positions of the current forward pass.
-    step: Mutex<StepState>,
     /// RoPE frequency divisors on the device, keyed by their bits.
     freq: Mutex<HashMap<Vec<u32>, DevBuf>>,
     /// Weight bytes copied to the device so far (for a progress bar).
@@ -179,7 +177,6 @@ impl CudaBackend {
             gemm_pipe_f16: std::sync::OnceLock::new(),
             kernels_q8: Mutex::new(HashMap::new()),
             kernels_entry: Mutex::new(HashMap::new()),
-            step: Mutex::new(StepState::default()),
             freq: Mutex::new(HashMap::new()),
             progress: Arc::new(AtomicUsize::new(0)),
             moe_counters,
@@ -260,10 +257,6 @@ impl CudaBackend {
         lock(&self.kernels_entry).insert(key, k.clone());
         Ok(k)
     }
-
-    fn step(&self) -> MutexGuard<'_, StepState> {
-        lock(&self.step)
-    }
 }
 
 fn gdn_unsupported(op: &'static str) -> BackendError {
@@ -281,6 +274,29 @@ impl Backend for CudaBackend {
     type Weight = GpuWeight;
     type KvCache = GpuKvCache;
     type SamplerState = CudaSamplerState;
+    type StepData = GpuStep;
+
+    fn step(&self, plan: StepPlan) -> Result<StepOf<Self>> {
+        if self.dev.capturing() {
+            return Err(BackendError::Device(
+                "a step is made before recording, not while".into(),
+            ));
+        }
+        let dev = GpuStep::new(&self.pool, &plan)?;
+        Ok(Step::new(plan, dev))
+    }
+
+    fn step_set(&self, step: &mut StepOf<Self>, plan: StepPlan) -> Result<()> {
+        if self.dev.capturing() {
+            return Err(BackendError::Device(
+                "a step is rewritten before recording, not while".into(),
+            ));
+        }
+        let (p, dev) = step.parts_mut();
+        dev.set(&self.pool, &plan)?;
+        *p = plan;
+        Ok(())
+    }
 
     fn lacks(&self, need: crate::backend::Need) -> Option<String> {
         use crate::backend::Need;
@@ -334,41 +350,49 @@ impl Backend for CudaBackend {
         logits: &GpuTensor,
         state: &mut CudaSamplerState,
         banned: &[u32],
-        next_pos: Option<usize>,
+        feed: Option<(&mut StepOf<Self>, usize)>,
     ) -> Result<bool> {
-        // the draw hands its id and the next position straight to the one-token step buffer
-        let feed = match next_pos {
-            Some(p) if handover_enabled() && !self.dev.capturing() => {
+        let feed = match feed {
+            Some(_) if self.dev.capturing() => {
+                return Err(BackendError::Device(
+                    "a draw cannot feed a step while recording".into(),
+                ))
+            }
+            Some((step, p)) => {
                 let pos = i32::try_from(p).map_err(|_| BackendError::Shape {
                     op: "sample_begin",
                     detail: format!("position {p} exceeds i32"),
                 })?;
-                Some((self.step().feed_slot(&self.pool)?, pos))
+                Some((step, p, pos))
             }
+            None => None,
+        };
+        // the draw hands its id and the next position straight to the step's buffer, or
+        // stream-ordered copies do after it
+        let handover = handover_enabled();
+        let slot = match &feed {
+            Some((step, _, pos)) if handover => Some((step.dev().feed_slot()?, *pos)),
             _ => None,
         };
-        self.sample_begin_impl(logits, state, banned, feed, next_pos)
+        if !self.sample_begin_impl(logits, state, banned, slot)? {
+            return Ok(false);
+        }
+        if let Some((step, p, pos)) = feed {
+            if !handover {
+                let src = CudaBackend::sampled_id_ptr(state);
+                step.dev().feed_from(&self.pool, src, pos)?;
+            }
+            let (plan, _) = step.parts_mut();
+            *plan = StepPlan::fed(p)?;
+        }
+        Ok(true)
     }
 
     fn sample_finish(&self, state: &mut CudaSamplerState) -> Result<u32> {
         self.sample_finish_impl(state)
     }
 
-    fn begin_forward_sampled(&self, state: &CudaSamplerState, pos0: usize) -> Result<()> {
-        if self.dev.capturing() {
-            return Err(BackendError::Device(
-                "begin_forward_sampled while recording a step".into(),
-            ));
-        }
-        if CudaBackend::fed_position(state) == Some(pos0) {
-            // the draw already wrote the id and the position into the one-token buffer
-            return Ok(self.step().adopt_fed(pos0)?);
-        }
-        let src = CudaBackend::sampled_id_ptr(state);
-        Ok(self.step().begin_device(&self.pool, src, pos0)?)
-    }
-
-    fn record_begin(&self) -> Result<bool> {
+    fn record_begin(&self, _step: &StepOf<Self>) -> Result<bool> {
         if !crate::tuning::get().graphs {
             return Ok(false);
         }
@@ -377,9 +401,13 @@ impl Backend for CudaBackend {
         Ok(true)
     }
 
-    fn record_end(&self) -> Result<RecordedStep> {
+    fn record_end(&self, step: &StepOf<Self>) -> Result<RecordedStep> {
         self.pool.set_capturing(false);
-        Ok(RecordedStep(Box::new(self.dev.capture_end()?)))
+        let graph = self.dev.capture_end()?;
+        Ok(RecordedStep(Box::new(Recorded {
+            graph,
+            step: step::step_addr(step),
+        })))
     }
 
     fn record_abort(&self) {
@@ -387,16 +415,22 @@ impl Backend for CudaBackend {
         self.dev.capture_abort();
     }
 
-    fn replay(&self, step: &RecordedStep) -> Result<()> {
-        let g = step
+    fn replay(&self, rec: &RecordedStep, step: &StepOf<Self>) -> Result<()> {
+        let r = rec
             .0
-            .downcast_ref::<StepGraph>()
+            .downcast_ref::<Recorded>()
             .ok_or_else(|| BackendError::Unsupported {
                 op: "replay",
                 backend: "cuda",
                 detail: "not a step recorded by the CUDA backend".into(),
             })?;
-        Ok(self.dev.replay(g)?)
+        if r.step != step::step_addr(step) {
+            return Err(BackendError::Shape {
+                op: "replay",
+                detail: "a recording replays only over the step it was recorded with".into(),
+            });
+        }
+        Ok(self.dev.replay(&r.graph)?)
     }
 
     fn name(&self) -> &'static str {
@@ -413,11 +447,6 @@ impl Backend for CudaBackend {
             .mem_get_info()
             .ok()
             .map(|(f, _)| f as u64)
-    }
-
-    fn begin_forward(&self, ids: &[u32], pos0: usize) -> Result<()> {
-        let capturing = self.dev.capturing();
-        Ok(self.step().begin(&self.pool, ids, pos0, capturing)?)
     }
 
     fn upload(&self, w: &TensorRef<'_>) -> Result<GpuWeight> {
@@ -462,8 +491,8 @@ impl Backend for CudaBackend {
         Ok(t)
     }
 
-    fn embed(&self, table: &GpuWeight, ids: &[u32], scale: f32) -> Result<GpuTensor> {
-        self.embed_impl(table, ids, scale)
+    fn embed(&self, table: &GpuWeight, step: &StepOf<Self>, scale: f32) -> Result<GpuTensor> {
+        self.embed_impl(table, step, scale)
     }
 
     fn linear(&self, x: &GpuTensor, w: &GpuWeight) -> Result<GpuTensor> {
@@ -580,10 +609,10 @@ impl Backend for CudaBackend {
         k: &GpuTensor,
         v: &GpuTensor,
         cache: &mut GpuKvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         p: &AttnPrep<'_, GpuTensor>,
     ) -> Result<GpuTensor> {
-        self.attn_prep_impl(q, k, v, cache, pos0, p)
+        self.attn_prep_impl(q, k, v, cache, step, p)
     }
 
     fn linear_attn_prep(
@@ -591,18 +620,24 @@ impl Backend for CudaBackend {
         x: &GpuTensor,
         w: &GpuWeight,
         cache: &mut GpuKvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         p: &AttnPrep<'_, GpuTensor>,
     ) -> Result<Option<GpuTensor>> {
-        self.linear_attn_prep_impl(x, w, cache, pos0, p)
+        self.linear_attn_prep_impl(x, w, cache, step, p)
     }
 
     fn l2_norm(&self, x: &GpuTensor, eps: f32, dim: usize) -> Result<GpuTensor> {
         self.l2_norm_impl(x, eps, dim)
     }
 
-    fn rope(&self, x: &GpuTensor, n_heads: usize, pos0: usize, rope: &Rope) -> Result<GpuTensor> {
-        self.rope_impl(x, n_heads, pos0, rope)
+    fn rope(
+        &self,
+        x: &GpuTensor,
+        n_heads: usize,
+        step: &StepOf<Self>,
+        rope: &Rope,
+    ) -> Result<GpuTensor> {
+        self.rope_impl(x, n_heads, step, rope)
     }
 
     fn kv_cache(&self, shape: KvShape) -> Result<GpuKvCache> {
@@ -612,7 +647,7 @@ impl Backend for CudaBackend {
     fn kv_write(
         &self,
         cache: &mut GpuKvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         k: &GpuTensor,
         v: &GpuTensor,
     ) -> Result<()> {
@@ -629,10 +664,10 @@ impl Backend for CudaBackend {
         if k.rows == 0 {
             return Ok(());
         }
-        let pos = self.positions(pos0, k.rows)?;
-        self.dev
-            .kv_write(cache, pos.ptr, k.ptr(), v.ptr(), k.rows)?;
-        cache.len = cache.len.max(pos0 + k.rows);
+        let seq = step.plan().seq_of("kv_write", k.rows)?;
+        let pos = step.dev().positions("kv_write", k.rows)?;
+        self.dev.kv_write(cache, pos, k.ptr(), v.ptr(), k.rows)?;
+        cache.len = cache.len.max(seq.pos0 + k.rows);
         Ok(())
     }
 
@@ -640,10 +675,10 @@ impl Backend for CudaBackend {
         &self,
         q: &GpuTensor,
         cache: &GpuKvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         p: &AttnParams,
     ) -> Result<GpuTensor> {
-        self.attention_impl(q, cache, pos0, p)
+        self.attention_impl(q, cache, step, p)
     }
 
     fn kv_truncate(&self, cache: &mut GpuKvCache, len: usize) -> Result<()> {
@@ -742,51 +777,14 @@ impl Backend for CudaBackend {
 }
 
 /// Whether a pipelined draw hands its id over to the next step inside the `sample` kernel (the
-/// one-token step buffer and mapped host memory: no copy on the stream between two steps),
+/// next one-token step and mapped host memory: no copy on the stream between two steps),
 /// unless `FUCINA_SAMPLE_HANDOVER=0` (read once; for A/B runs) keeps the stream-ordered copies.
 pub(crate) fn handover_enabled() -> bool {
     crate::tuning::get().sample_handover
 }
 
-#[cfg(test)]
-mod tests {
-    use super::step::{step_image, StepState};
-
-    /// A fed step needs the one-token buffer the sampler was handed: without one the host's
-    /// view is refused, not silently pointed at nothing, and stays as it was.
-    #[test]
-    fn adopting_a_fed_step_needs_the_one_token_buffer() {
-        let mut s = StepState::fake(&[5, 6, 7], 10);
-        let e = s.adopt_fed(13).unwrap_err().to_string();
-        assert!(e.contains("no one-token buffer"), "{e}");
-        assert!(s.ids_match(&[5, 6, 7]));
-        assert_eq!(s.pos_offset(10, 3), Some(0));
-    }
-
-    #[test]
-    fn step_buffer_matching() {
-        let s = StepState::fake(&[5, 6, 7], 10);
-        assert!(s.ids_match(&[5, 6, 7]));
-        assert!(!s.ids_match(&[5, 6]));
-        assert!(!s.ids_match(&[5, 6, 8]));
-        // positions 10..13 registered: any sub-range matches at its offset
-        assert_eq!(s.pos_offset(10, 3), Some(0));
-        assert_eq!(s.pos_offset(12, 1), Some(2));
-        assert_eq!(s.pos_offset(11, 3), None);
-        assert_eq!(s.pos_offset(9, 1), None);
-        assert_eq!(s.pos_offset(10, 0), None);
-        // no device buffer in this fake: the device pointers are absent, callers upload
-        assert!(s.ids_ptr(&[5, 6, 7]).is_none());
-        assert!(s.pos_ptr(10, 3).is_none());
-        let empty = StepState::default();
-        assert!(!empty.ids_match(&[]));
-        assert_eq!(empty.pos_offset(0, 1), None);
-    }
-
-    #[test]
-    fn step_image_layout() {
-        assert_eq!(step_image(&[3, 4], 7).unwrap(), vec![3, 4, 7, 8]);
-        assert!(step_image(&[u32::MAX], 0).is_err());
-        assert!(step_image(&[1], i32::MAX as usize).is_err());
-    }
+/// A recorded step: the graph and the device address of the step it reads.
+struct Recorded {
+    graph: StepGraph,
+    step: u64,
 }

@@ -12,7 +12,7 @@ use super::super::kv::{check_kv_positions, kv_layout};
 use super::super::launch_qkvp::{QkvPrepArgs, QKVP_HEAD_DIM};
 use super::super::types::{GpuKvCache, GpuTensor, GpuWeight};
 use super::CudaBackend;
-use crate::backend::{AttnPrep, Result};
+use crate::backend::{AttnPrep, Result, StepOf};
 use crate::kernels::{BatchBucket, Op, Quant};
 
 impl CudaBackend {
@@ -30,7 +30,7 @@ impl CudaBackend {
         x: &GpuTensor,
         w: &GpuWeight,
         cache: &mut GpuKvCache,
-        pos0: usize,
+        step: &StepOf<Self>,
         p: &AttnPrep<'_, GpuTensor>,
     ) -> Result<Option<GpuTensor>> {
         if !self.qkv_prep_on() || x.rows != 1 {
@@ -60,14 +60,15 @@ impl CudaBackend {
         let Ok(e) = self.kern_entry_at(Op::Gemv, Quant::Q4_0R, BatchBucket::B1, "qkvp") else {
             return Ok(None);
         };
+        let pos0 = step.plan().seq_of("linear_attn_prep", 1)?.pos0;
         check_kv_positions(cache, pos0, 1)?;
         let mut own = None;
         let (xq, xds) = self.row_side_car(x, &mut own)?;
-        let pos = self.positions(pos0, 1)?;
+        let pos = step.dev().positions("linear_attn_prep", 1)?;
         let q_out = self.alloc_tensor(1, p.n_heads * hd)?;
         // attn_prep's launch and buffers; their q / k / v stay unused (the projections never
         // leave the chip), so x stands in for them
-        let (launch, bufs) = self.prep_parts((x, x, x), cache, p, pos.ptr, q_out.ptr())?;
+        let (launch, bufs) = self.prep_parts((x, x, x), cache, p, pos, q_out.ptr())?;
         let layout = kv_layout(&cache.shape, cache.kv_type);
         self.dev.gemv_qkvp_ptr(
             &e,
