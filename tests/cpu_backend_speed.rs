@@ -2,6 +2,7 @@
 //! `cargo test --release --test cpu_backend_speed -- --ignored --nocapture`).
 //! Shapes: Gemma 3 270M's tied LM head (262144 x 640) and one layer's projections.
 
+use fucina::backend::{Ops, Runtime};
 use std::time::Instant;
 
 /// CPU time of this process in seconds (utime + stime from /proc, 10 ms ticks), so the figure
@@ -18,7 +19,6 @@ fn cpu_seconds() -> f64 {
 }
 
 use fucina::backend::cpu::CpuBackend;
-use fucina::backend::Backend;
 use fucina::quant::GgmlType;
 use fucina::weights::{Scales, TensorFormat, TensorRef};
 

@@ -6,12 +6,12 @@
 //! a prefill split by a rewind (KV cache, sliding windows, KV sharing). The MTP assistant case
 //! checks the draft head's logits and projected hidden state over the target's cache.
 
+use fucina::backend::{Ops, Runtime};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use fucina::arch::{self, Arch};
 use fucina::backend::cpu::CpuBackend;
-use fucina::backend::Backend;
 use fucina::model::gemma::GemmaModel;
 use fucina::model::gemma4::assistant::Gemma4Assistant;
 use fucina::model::registry::LoadOptions;

@@ -56,6 +56,7 @@ macro_rules! key_enum {
         }
     };
 }
+pub(crate) use key_enum;
 
 key_enum! {
     /// The operation family. One template per family (`kernel-templates/ops/<op>.cu.tera`).

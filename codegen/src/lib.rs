@@ -6,6 +6,7 @@
 //! (`codegen::ptx` through `fucina::backend::cuda`) and by `cargo xtask gen-kernels`.
 
 pub mod emit_rust;
+pub mod entries;
 pub mod key;
 pub mod legal;
 pub mod manifest;
@@ -15,6 +16,7 @@ pub mod snapshots;
 
 use std::path::{Path, PathBuf};
 
+pub use entries::{entries_of, Entry};
 pub use key::{entry_name, BatchBucket, HeadDim, KernelKey, KeyParseError, Op, Quant, SmArch};
 pub use manifest::{Instance, Manifest, ManifestError};
 pub use render::{RenderError, Renderer};
@@ -28,6 +30,9 @@ pub enum BuildError {
     Manifest(#[from] ManifestError),
     #[error(transparent)]
     Render(#[from] RenderError),
+    /// A rendered instance defines an entry no [`Entry`] names.
+    #[error("{0}")]
+    Entry(String),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -99,7 +104,11 @@ pub fn build_all(templates: &Path, out_dir: &Path) -> Result<Vec<PathBuf>, Build
             std::fs::remove_file(e.path()).map_err(io_err(&e.path()))?;
         }
     }
-    let instances: Vec<Instance> = rendered.into_iter().map(|(i, _)| i).collect();
+    let mut instances = Vec::with_capacity(rendered.len());
+    for (inst, src) in rendered {
+        let entries = entries::entries_of(&inst.name(), &src).map_err(BuildError::Entry)?;
+        instances.push((inst, entries));
+    }
     let reg = emit_rust::registry_source(&instances, SOURCES_SUBDIR);
     write_if_changed(&out_dir.join("kernel_registry.rs"), &reg)?;
     let mut files = vec![templates.join("manifest.toml")];

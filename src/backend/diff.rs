@@ -16,8 +16,8 @@
 use std::sync::Mutex;
 
 use super::{
-    Activation, AttnParams, AttnPrep, Backend, BackendError, KvShape, MoeParams, Need, Norm,
-    NormNext, PostNorm, RecordedStep, Result, Rope, Step, StepOf, StepPlan,
+    Activation, AttnParams, AttnPrep, Backend, BackendError, Fused, KvShape, MoeParams, Need, Norm,
+    NormNext, Ops, PostNorm, RecordedStep, Result, Rope, Runtime, Sampling, Step, StepOf, StepPlan,
 };
 use crate::sampling::SamplingParams;
 use crate::weights::TensorRef;
@@ -260,22 +260,27 @@ impl<R: Backend, T: Backend> DiffBackend<R, T> {
     }
 }
 
-impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
+impl<R: Backend, T: Backend> Runtime for DiffBackend<R, T> {
     type Tensor = DiffTensor<R, T>;
+
     type Weight = DiffWeight<R, T>;
+
     type KvCache = DiffKv<R, T>;
-    type SamplerState = (R::SamplerState, T::SamplerState);
+
     type StepData = (StepOf<R>, StepOf<T>);
 
     fn name(&self) -> &'static str {
         "diff"
     }
+
     fn lacks(&self, need: Need) -> Option<String> {
         self.reference.lacks(need).or_else(|| self.test.lacks(need))
     }
+
     fn kv_bytes(&self, elems: usize) -> u64 {
         self.reference.kv_bytes(elems) + self.test.kv_bytes(elems)
     }
+
     fn free_memory(&self) -> Option<u64> {
         self.test.free_memory()
     }
@@ -286,6 +291,7 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         let t = self.test.step(plan.clone())?;
         Ok(Step::new(plan, (r, t)))
     }
+
     fn step_set(&self, step: &mut StepOf<Self>, plan: StepPlan) -> Result<()> {
         self.new_pass();
         let (p, (r, t)) = step.parts_mut();
@@ -298,6 +304,7 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
     fn record_begin(&self, _step: &StepOf<Self>) -> Result<bool> {
         Ok(false)
     }
+
     fn record_end(&self, _step: &StepOf<Self>) -> Result<RecordedStep> {
         Err(BackendError::Unsupported {
             op: "record_end",
@@ -312,25 +319,30 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
             t: self.test.upload(w)?,
         })
     }
+
     fn tensor(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor> {
         Ok(DiffTensor {
             r: self.reference.tensor(data, rows, cols)?,
             t: self.test.tensor(data, rows, cols)?,
         })
     }
+
     fn upload_concat(&self, name: &str, parts: &[TensorRef<'_>]) -> Result<Self::Weight> {
         Ok(DiffWeight {
             r: self.reference.upload_concat(name, parts)?,
             t: self.test.upload_concat(name, parts)?,
         })
     }
+
     /// The test backend's values (what a user of it sees).
     fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>> {
         self.test.to_host(&t.t)
     }
+
     fn dims(&self, t: &Self::Tensor) -> (usize, usize) {
         self.reference.dims(&t.r)
     }
+
     fn weight_vector(&self, w: &Self::Weight) -> Result<Self::Tensor> {
         Ok(DiffTensor {
             r: self.reference.weight_vector(&w.r)?,
@@ -338,72 +350,81 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         })
     }
 
+    fn kv_cache(&self, shape: KvShape) -> Result<Self::KvCache> {
+        Ok(DiffKv {
+            r: self.reference.kv_cache(shape)?,
+            t: self.test.kv_cache(shape)?,
+        })
+    }
+
+    fn kv_truncate(&self, cache: &mut Self::KvCache, len: usize) -> Result<()> {
+        self.reference.kv_truncate(&mut cache.r, len)?;
+        self.test.kv_truncate(&mut cache.t, len)
+    }
+}
+
+impl<R: Backend, T: Backend> Ops for DiffBackend<R, T> {
     fn embed(&self, table: &Self::Weight, step: &StepOf<Self>, scale: f32) -> Result<Self::Tensor> {
         let (sr, st) = step.dev();
         let r = self.reference.embed(&table.r, sr, scale)?;
         let t = self.test.embed(&table.t, st, scale)?;
         self.one("embed", r, t)
     }
+
     fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor> {
         let r = self.reference.linear(&x.r, &w.r)?;
         let t = self.test.linear(&x.t, &w.t)?;
         self.one("linear", r, t)
     }
+
     fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor> {
         let r = self.reference.add(&a.r, &b.r)?;
         let t = self.test.add(&a.t, &b.t)?;
         self.one("add", r, t)
     }
+
     fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor> {
         let r = self.reference.mul(&a.r, &b.r)?;
         let t = self.test.mul(&a.t, &b.t)?;
         self.one("mul", r, t)
     }
+
     fn scale(&self, a: &Self::Tensor, s: f32) -> Result<Self::Tensor> {
         let r = self.reference.scale(&a.r, s)?;
         let t = self.test.scale(&a.t, s)?;
         self.one("scale", r, t)
     }
-    fn glu_fused(&self, x: &Self::Tensor, act: Activation) -> Result<Self::Tensor> {
-        let r = self.reference.glu_fused(&x.r, act)?;
-        let t = self.test.glu_fused(&x.t, act)?;
-        self.one("glu_fused", r, t)
-    }
+
     fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor> {
         let r = self.reference.glu(&gate.r, &up.r, act)?;
         let t = self.test.glu(&gate.t, &up.t, act)?;
         self.one("glu", r, t)
     }
-    fn linear_glu(
-        &self,
-        x: &Self::Tensor,
-        w: &Self::Weight,
-        act: Activation,
-    ) -> Result<Self::Tensor> {
-        let r = self.reference.linear_glu(&x.r, &w.r, act)?;
-        let t = self.test.linear_glu(&x.t, &w.t, act)?;
-        self.one("linear_glu", r, t)
-    }
+
     fn sigmoid_gate(&self, x: &Self::Tensor, gate: &Self::Tensor) -> Result<Self::Tensor> {
         let r = self.reference.sigmoid_gate(&x.r, &gate.r)?;
         let t = self.test.sigmoid_gate(&x.t, &gate.t)?;
         self.one("sigmoid_gate", r, t)
     }
+
     fn softcap(&self, x: &Self::Tensor, cap: f32) -> Result<Self::Tensor> {
         let r = self.reference.softcap(&x.r, cap)?;
         let t = self.test.softcap(&x.t, cap)?;
         self.one("softcap", r, t)
     }
+
     fn slice_cols(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor> {
         let r = self.reference.slice_cols(&x.r, start, len)?;
         let t = self.test.slice_cols(&x.t, start, len)?;
         self.one("slice_cols", r, t)
     }
+
     fn slice_rows(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor> {
         let r = self.reference.slice_rows(&x.r, start, len)?;
         let t = self.test.slice_rows(&x.t, start, len)?;
         self.one("slice_rows", r, t)
     }
+
     fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor> {
         let rp: Vec<_> = parts.iter().map(|p| &p.r).collect();
         let tp: Vec<_> = parts.iter().map(|p| &p.t).collect();
@@ -411,6 +432,7 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         let t = self.test.concat_cols(&tp)?;
         self.one("concat_cols", r, t)
     }
+
     fn split_heads(
         &self,
         x: &Self::Tensor,
@@ -433,6 +455,142 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         let t = self.test.rms_norm(&x.t, norm_t(&w), eps, dim)?;
         self.one("rms_norm", r, t)
     }
+
+    fn l2_norm(&self, x: &Self::Tensor, eps: f32, dim: usize) -> Result<Self::Tensor> {
+        let r = self.reference.l2_norm(&x.r, eps, dim)?;
+        let t = self.test.l2_norm(&x.t, eps, dim)?;
+        self.one("l2_norm", r, t)
+    }
+
+    fn rope(
+        &self,
+        x: &Self::Tensor,
+        n_heads: usize,
+        step: &StepOf<Self>,
+        rope: &Rope,
+    ) -> Result<Self::Tensor> {
+        let (sr, st) = step.dev();
+        let r = self.reference.rope(&x.r, n_heads, sr, rope)?;
+        let t = self.test.rope(&x.t, n_heads, st, rope)?;
+        self.one("rope", r, t)
+    }
+
+    fn kv_write(
+        &self,
+        cache: &mut Self::KvCache,
+        step: &StepOf<Self>,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+    ) -> Result<()> {
+        let (sr, st) = step.dev();
+        self.reference.kv_write(&mut cache.r, sr, &k.r, &v.r)?;
+        self.test.kv_write(&mut cache.t, st, &k.t, &v.t)
+    }
+
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        step: &StepOf<Self>,
+        p: &AttnParams,
+    ) -> Result<Self::Tensor> {
+        let (sr, st) = step.dev();
+        let r = self.reference.attention(&q.r, &cache.r, sr, p)?;
+        let t = self.test.attention(&q.t, &cache.t, st, p)?;
+        let o = self.one("attention", r, t);
+        self.attention_done();
+        o
+    }
+
+    fn moe(
+        &self,
+        x: &Self::Tensor,
+        router_logits: &Self::Tensor,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        down: &Self::Weight,
+        p: &MoeParams,
+    ) -> Result<Self::Tensor> {
+        let r = self
+            .reference
+            .moe(&x.r, &router_logits.r, &gate.r, &up.r, &down.r, p)?;
+        let t = self
+            .test
+            .moe(&x.t, &router_logits.t, &gate.t, &up.t, &down.t, p)?;
+        self.one("moe", r, t)
+    }
+
+    fn causal_conv1d_silu(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        state: &mut Self::Tensor,
+    ) -> Result<Self::Tensor> {
+        let r = self
+            .reference
+            .causal_conv1d_silu(&x.r, &w.r, &mut state.r)?;
+        let t = self.test.causal_conv1d_silu(&x.t, &w.t, &mut state.t)?;
+        self.one("causal_conv1d_silu", r, t)
+    }
+
+    fn gdn_gates(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        neg_a: &Self::Tensor,
+        dt_bias: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let r = self.reference.gdn_gates(&a.r, &b.r, &neg_a.r, &dt_bias.r)?;
+        let t = self.test.gdn_gates(&a.t, &b.t, &neg_a.t, &dt_bias.t)?;
+        self.two("gdn_gates", (r.0, t.0), (r.1, t.1))
+    }
+
+    fn gated_delta_rule(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        g: &Self::Tensor,
+        beta: &Self::Tensor,
+        state: &mut Self::Tensor,
+        dk: usize,
+        dv: usize,
+    ) -> Result<Self::Tensor> {
+        let r = self.reference.gated_delta_rule(
+            &q.r,
+            &k.r,
+            &v.r,
+            &g.r,
+            &beta.r,
+            &mut state.r,
+            dk,
+            dv,
+        )?;
+        let t =
+            self.test
+                .gated_delta_rule(&q.t, &k.t, &v.t, &g.t, &beta.t, &mut state.t, dk, dv)?;
+        self.one("gated_delta_rule", r, t)
+    }
+}
+
+impl<R: Backend, T: Backend> Fused for DiffBackend<R, T> {
+    fn glu_fused(&self, x: &Self::Tensor, act: Activation) -> Result<Self::Tensor> {
+        let r = self.reference.glu_fused(&x.r, act)?;
+        let t = self.test.glu_fused(&x.t, act)?;
+        self.one("glu_fused", r, t)
+    }
+
+    fn linear_glu(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        act: Activation,
+    ) -> Result<Self::Tensor> {
+        let r = self.reference.linear_glu(&x.r, &w.r, act)?;
+        let t = self.test.linear_glu(&x.t, &w.t, act)?;
+        self.one("linear_glu", r, t)
+    }
+
     fn add_rms_norm(
         &self,
         h: &Self::Tensor,
@@ -447,6 +605,7 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         let t = self.test.add_rms_norm(&h.t, &y.t, norm_t(&w), eps, dim)?;
         self.two("add_rms_norm", (r.0, t.0), (r.1, t.1))
     }
+
     fn linear_add_rms_norm_then(
         &self,
         x: &Self::Tensor,
@@ -467,11 +626,13 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         let s = self.one("linear_add_rms_norm_then", rs, ts)?;
         Ok((s, self.many("linear_add_rms_norm_then", ro, to)?))
     }
+
     fn defers_norm(&self, w: &Self::Weight, next: &NormNext<'_, Self::Weight>) -> Result<bool> {
         let (mut rw, mut tw) = (Vec::new(), Vec::new());
         let (_, nt) = next_parts(next, &mut rw, &mut tw);
         self.test.defers_norm(&w.t, &nt)
     }
+
     fn norm_add_rms_norm(
         &self,
         h: &Self::Tensor,
@@ -497,41 +658,7 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
             .norm_add_rms_norm(&h.t, &y.t, &pt, norm_t(&w), eps, dim)?;
         self.two("norm_add_rms_norm", (r.0, t.0), (r.1, t.1))
     }
-    fn l2_norm(&self, x: &Self::Tensor, eps: f32, dim: usize) -> Result<Self::Tensor> {
-        let r = self.reference.l2_norm(&x.r, eps, dim)?;
-        let t = self.test.l2_norm(&x.t, eps, dim)?;
-        self.one("l2_norm", r, t)
-    }
-    fn rope(
-        &self,
-        x: &Self::Tensor,
-        n_heads: usize,
-        step: &StepOf<Self>,
-        rope: &Rope,
-    ) -> Result<Self::Tensor> {
-        let (sr, st) = step.dev();
-        let r = self.reference.rope(&x.r, n_heads, sr, rope)?;
-        let t = self.test.rope(&x.t, n_heads, st, rope)?;
-        self.one("rope", r, t)
-    }
 
-    fn kv_cache(&self, shape: KvShape) -> Result<Self::KvCache> {
-        Ok(DiffKv {
-            r: self.reference.kv_cache(shape)?,
-            t: self.test.kv_cache(shape)?,
-        })
-    }
-    fn kv_write(
-        &self,
-        cache: &mut Self::KvCache,
-        step: &StepOf<Self>,
-        k: &Self::Tensor,
-        v: &Self::Tensor,
-    ) -> Result<()> {
-        let (sr, st) = step.dev();
-        self.reference.kv_write(&mut cache.r, sr, &k.r, &v.r)?;
-        self.test.kv_write(&mut cache.t, st, &k.t, &v.t)
-    }
     fn attn_prep(
         &self,
         q: &Self::Tensor,
@@ -550,6 +677,7 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
             .attn_prep(&q.t, &k.t, &v.t, &mut cache.t, st, &prep_t(p))?;
         self.one("attn_prep", r, t)
     }
+
     fn linear_attn_prep(
         &self,
         x: &Self::Tensor,
@@ -576,42 +704,7 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
         let r = be.attn_prep(&q, &k, &v, &mut cache.r, sr, &prep_r(p))?;
         Ok(Some(self.one("linear_attn_prep", r, t)?))
     }
-    fn attention(
-        &self,
-        q: &Self::Tensor,
-        cache: &Self::KvCache,
-        step: &StepOf<Self>,
-        p: &AttnParams,
-    ) -> Result<Self::Tensor> {
-        let (sr, st) = step.dev();
-        let r = self.reference.attention(&q.r, &cache.r, sr, p)?;
-        let t = self.test.attention(&q.t, &cache.t, st, p)?;
-        let o = self.one("attention", r, t);
-        self.attention_done();
-        o
-    }
-    fn kv_truncate(&self, cache: &mut Self::KvCache, len: usize) -> Result<()> {
-        self.reference.kv_truncate(&mut cache.r, len)?;
-        self.test.kv_truncate(&mut cache.t, len)
-    }
 
-    fn moe(
-        &self,
-        x: &Self::Tensor,
-        router_logits: &Self::Tensor,
-        gate: &Self::Weight,
-        up: &Self::Weight,
-        down: &Self::Weight,
-        p: &MoeParams,
-    ) -> Result<Self::Tensor> {
-        let r = self
-            .reference
-            .moe(&x.r, &router_logits.r, &gate.r, &up.r, &down.r, p)?;
-        let t = self
-            .test
-            .moe(&x.t, &router_logits.t, &gate.t, &up.t, &down.t, p)?;
-        self.one("moe", r, t)
-    }
     fn add_rms_norm_moe_routed(
         &self,
         h: &Self::Tensor,
@@ -648,6 +741,7 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
             (m, t.1),
         )?))
     }
+
     fn moe_routed(
         &self,
         x: &Self::Tensor,
@@ -665,56 +759,10 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
             .moe_routed(&x.t, &router.t, &gate.t, &up.t, &down.t, p)?;
         self.one("moe_routed", r, t)
     }
+}
 
-    fn causal_conv1d_silu(
-        &self,
-        x: &Self::Tensor,
-        w: &Self::Weight,
-        state: &mut Self::Tensor,
-    ) -> Result<Self::Tensor> {
-        let r = self
-            .reference
-            .causal_conv1d_silu(&x.r, &w.r, &mut state.r)?;
-        let t = self.test.causal_conv1d_silu(&x.t, &w.t, &mut state.t)?;
-        self.one("causal_conv1d_silu", r, t)
-    }
-    fn gdn_gates(
-        &self,
-        a: &Self::Tensor,
-        b: &Self::Tensor,
-        neg_a: &Self::Tensor,
-        dt_bias: &Self::Tensor,
-    ) -> Result<(Self::Tensor, Self::Tensor)> {
-        let r = self.reference.gdn_gates(&a.r, &b.r, &neg_a.r, &dt_bias.r)?;
-        let t = self.test.gdn_gates(&a.t, &b.t, &neg_a.t, &dt_bias.t)?;
-        self.two("gdn_gates", (r.0, t.0), (r.1, t.1))
-    }
-    fn gated_delta_rule(
-        &self,
-        q: &Self::Tensor,
-        k: &Self::Tensor,
-        v: &Self::Tensor,
-        g: &Self::Tensor,
-        beta: &Self::Tensor,
-        state: &mut Self::Tensor,
-        dk: usize,
-        dv: usize,
-    ) -> Result<Self::Tensor> {
-        let r = self.reference.gated_delta_rule(
-            &q.r,
-            &k.r,
-            &v.r,
-            &g.r,
-            &beta.r,
-            &mut state.r,
-            dk,
-            dv,
-        )?;
-        let t =
-            self.test
-                .gated_delta_rule(&q.t, &k.t, &v.t, &g.t, &beta.t, &mut state.t, dk, dv)?;
-        self.one("gated_delta_rule", r, t)
-    }
+impl<R: Backend, T: Backend> Sampling for DiffBackend<R, T> {
+    type SamplerState = (R::SamplerState, T::SamplerState);
 
     fn sampler_new(
         &self,
@@ -727,10 +775,12 @@ impl<R: Backend, T: Backend> Backend for DiffBackend<R, T> {
             self.test.sampler_new(params, prompt, vocab)?,
         ))
     }
+
     fn sampler_accept(&self, state: &mut Self::SamplerState, id: u32) -> Result<()> {
         self.reference.sampler_accept(&mut state.0, id)?;
         self.test.sampler_accept(&mut state.1, id)
     }
+
     /// The test backend's draw (the reference's sampler sees the same id as accepted).
     fn sample(
         &self,

@@ -1,5 +1,8 @@
-//! The op-level interface every backend implements. Models are written once over this trait; a
-//! backend knows tensors and ops, never Gemma or Qwen.
+//! The op-level interface every backend implements. Models are written once over [`Backend`];
+//! a backend knows tensors and ops, never Gemma or Qwen. `Backend` is four traits by purpose:
+//! [`Runtime`] (storage, uploads, steps, recording and replaying a step), [`Ops`] (the primitive
+//! ops), [`Fused`] (ops a backend may fuse, each defaulting to its composition of primitives) and
+//! [`Sampling`] (a sampler per sequence where the logits are).
 //!
 //! Conventions:
 //! - Activations are 2-D, row-major `[rows, cols]`: one row per token position.
@@ -21,10 +24,10 @@ pub use kv_type::KvType;
 pub use step::{LogitRows, SeqRows, Step, StepPlan};
 
 /// A backend's step type.
-pub type StepOf<B> = Step<<B as Backend>::StepData>;
+pub type StepOf<B> = Step<<B as Runtime>::StepData>;
 
 /// `be`'s step of `rows` rows of token 0 at positions `pos0 ..` ([`StepPlan::at`]).
-pub fn step_at<B: Backend + ?Sized>(be: &B, pos0: usize, rows: usize) -> Result<StepOf<B>> {
+pub fn step_at<B: Runtime + ?Sized>(be: &B, pos0: usize, rows: usize) -> Result<StepOf<B>> {
     be.step(StepPlan::at(pos0, rows)?)
 }
 
@@ -94,7 +97,7 @@ pub struct PostNorm<'a, T> {
 /// [`Backend::attn_prep`] composed of the plain ops, in the order the models ran them: q norm,
 /// k norm, v norm, RoPE of q, RoPE of k, kv_write (the trait's default; public so a backend
 /// overriding it can be checked against this composition on the same device).
-pub fn attn_prep_composed<B: Backend + ?Sized>(
+pub fn attn_prep_composed<B: Ops + ?Sized>(
     be: &B,
     q: &B::Tensor,
     k: &B::Tensor,
@@ -129,7 +132,7 @@ pub enum NormNext<'a, W> {
 /// [`Backend::linear_add_rms_norm_then`] composed of the plain ops (the trait's default; public
 /// so a backend overriding it can be checked against it): `linear`, `add_rms_norm` over the
 /// whole row, then `next`'s ops on the normed row.
-pub fn linear_add_rms_norm_then_composed<B: Backend + ?Sized>(
+pub fn linear_add_rms_norm_then_composed<B: Fused + ?Sized>(
     be: &B,
     x: &B::Tensor,
     w: &B::Weight,
@@ -145,7 +148,7 @@ pub fn linear_add_rms_norm_then_composed<B: Backend + ?Sized>(
 }
 
 /// `next`'s ops on the normed row `n`: its outputs in order.
-pub fn norm_next_apply<B: Backend + ?Sized>(
+pub fn norm_next_apply<B: Fused + ?Sized>(
     be: &B,
     n: &B::Tensor,
     next: &NormNext<'_, B::Weight>,
@@ -277,17 +280,18 @@ pub enum Device {
     Cuda,
 }
 
-/// A backend: storage for tensors and weights, and the ops the models need.
-pub trait Backend: Send + Sync + 'static {
+/// What a backend is as a device: storage for tensors, weights and KV caches, steps, and
+/// recording and replaying a step.
+pub trait Runtime: Send + Sync + 'static {
     /// An activation tensor `[rows, cols]` (f32 semantics).
     type Tensor: Send + Sync;
+
     /// A parameter in its checkpoint format (matrix, expert bank, or vector).
     type Weight: Send + Sync;
+
     /// One attention layer's K and V storage for one sequence.
     type KvCache: Send;
-    /// One sequence's sampler: its random stream and the tokens it has observed (prompt and
-    /// generated, for the penalties), kept where the logits are.
-    type SamplerState: Send + 'static;
+
     /// What the backend makes of a [`StepPlan`] (the CUDA backend: ids and positions in device
     /// memory); ops of the step read it from the [`Step`].
     type StepData: Send + 'static;
@@ -315,6 +319,7 @@ pub trait Backend: Send + Sync + 'static {
     /// The step of `plan`, made once for a forward pass (the CUDA backend uploads its ids and
     /// positions here, once).
     fn step(&self, plan: StepPlan) -> Result<StepOf<Self>>;
+
     /// Make `step` describe `plan`, in place where the rows match, so that a step recorded with
     /// it ([`Backend::record_begin`]) replays `plan`. Default: a new step.
     fn step_set(&self, step: &mut StepOf<Self>, plan: StepPlan) -> Result<()> {
@@ -328,6 +333,7 @@ pub trait Backend: Send + Sync + 'static {
     fn record_begin(&self, _step: &StepOf<Self>) -> Result<bool> {
         Ok(false)
     }
+
     /// Stop recording; the returned recording replays every recorded op over whatever its step
     /// holds at each replay. Tensors produced while recording keep their storage and receive
     /// each replay's results.
@@ -338,6 +344,7 @@ pub trait Backend: Send + Sync + 'static {
             detail: "this backend does not record steps".into(),
         })
     }
+
     /// Abandon a recording that failed half-way (the ops recorded so far are discarded).
     fn record_abort(&self) {}
     /// Run a recording over `step`, the step it was recorded with (rewritten by
@@ -352,7 +359,9 @@ pub trait Backend: Send + Sync + 'static {
 
     // ---- data movement ----
     fn upload(&self, w: &crate::weights::TensorRef<'_>) -> Result<Self::Weight>;
+
     fn tensor(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
+
     /// Upload matrices `[rows_i, cols]` stored in one GGML format as a single
     /// `[sum(rows_i), cols]` weight (a fused projection: QKV, gate|up), so one GEMV / GEMM reads
     /// them all. The default concatenates the rows on the host (a transient copy) and uploads
@@ -383,59 +392,56 @@ pub trait Backend: Send + Sync + 'static {
             scales: Default::default(),
         })
     }
+
     fn to_host(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
+
     fn dims(&self, t: &Self::Tensor) -> (usize, usize);
+
     /// A weight vector (norm weight, scalar) as an f32 tensor `[1, n]`.
     fn weight_vector(&self, w: &Self::Weight) -> Result<Self::Tensor>;
 
+    // ---- attention ----
+    fn kv_cache(&self, shape: KvShape) -> Result<Self::KvCache>;
+
+    /// Copy the first `n` positions of `src` into `dst` (KV sharing / rewinds).
+    fn kv_truncate(&self, cache: &mut Self::KvCache, len: usize) -> Result<()>;
+}
+
+/// The primitive ops the models are written with (the CPU backend is their reference).
+pub trait Ops: Runtime {
     // ---- matrix ops ----
     /// The rows of an embedding table `[vocab, dim]` for the step's token ids, times `scale`.
     fn embed(&self, table: &Self::Weight, step: &StepOf<Self>, scale: f32) -> Result<Self::Tensor>;
+
     /// `x @ w^T`: `[n, in] x [out, in] -> [n, out]`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
 
     // ---- elementwise and shape ----
     fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
+
     /// Elementwise product; `b` may be `[1, cols]` (broadcast over rows).
     fn mul(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
+
     fn scale(&self, a: &Self::Tensor, s: f32) -> Result<Self::Tensor>;
-    /// `act(x[:, ..ff]) * x[:, ff..]` of a fused gate|up projection `[n, 2 ff]`.
-    fn glu_fused(&self, x: &Self::Tensor, act: Activation) -> Result<Self::Tensor> {
-        let (_, c) = self.dims(x);
-        if c % 2 != 0 {
-            return Err(BackendError::Shape {
-                op: "glu_fused",
-                detail: format!("{c} columns is not gate|up halves"),
-            });
-        }
-        let g = self.slice_cols(x, 0, c / 2)?;
-        let u = self.slice_cols(x, c / 2, c / 2)?;
-        self.glu(&g, &u, act)
-    }
+
     /// act(gate) * up.
     fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
-    /// [`Backend::glu_fused`] of [`Backend::linear`]: `act(x Wg^T) * (x Wu^T)` for a fused
-    /// `[2 ff, in]` gate|up weight. A backend may run it as one kernel (the CUDA decode GEMV's
-    /// `__glu` entry); the result is the same values.
-    fn linear_glu(
-        &self,
-        x: &Self::Tensor,
-        w: &Self::Weight,
-        act: Activation,
-    ) -> Result<Self::Tensor> {
-        let y = self.linear(x, w)?;
-        self.glu_fused(&y, act)
-    }
+
     /// x * sigmoid(gate); `gate` may also be `[n, 1]` (one gate per row, broadcast over columns,
     /// as in Qwen3.5's shared-expert gate).
     fn sigmoid_gate(&self, x: &Self::Tensor, gate: &Self::Tensor) -> Result<Self::Tensor>;
+
     fn softcap(&self, x: &Self::Tensor, cap: f32) -> Result<Self::Tensor>;
+
     /// Columns `[start, start + len)` of every row.
     fn slice_cols(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor>;
+
     /// Rows `[start, start + len)` (e.g. the last position before the LM head).
     fn slice_rows(&self, x: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor>;
+
     /// Concatenate along columns.
     fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+
     /// Split every head of `x` (`n_heads` groups of `sum(sizes)` columns) into one tensor per
     /// part: `[n, n_heads * sum] -> [[n, n_heads * sizes[i]]]`.
     fn split_heads(
@@ -455,6 +461,121 @@ pub trait Backend: Send + Sync + 'static {
         eps: f32,
         dim: usize,
     ) -> Result<Self::Tensor>;
+
+    /// L2-normalise groups of `dim` columns: x / sqrt(sum(x^2) + eps).
+    fn l2_norm(&self, x: &Self::Tensor, eps: f32, dim: usize) -> Result<Self::Tensor>;
+
+    /// Rotate `n_heads` heads of each row, row i at the step's position of row i.
+    fn rope(
+        &self,
+        x: &Self::Tensor,
+        n_heads: usize,
+        step: &StepOf<Self>,
+        rope: &Rope,
+    ) -> Result<Self::Tensor>;
+
+    /// Write `k`, `v` (`[n, n_kv*hd]`) at the step's positions.
+    fn kv_write(
+        &self,
+        cache: &mut Self::KvCache,
+        step: &StepOf<Self>,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+    ) -> Result<()>;
+
+    /// Causal attention of `q` (`[n, n_heads*hd]`, rows at the step's positions) over the
+    /// cache's positions up to each row's (limited by the window). Returns `[n, n_heads*hd]`.
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        step: &StepOf<Self>,
+        p: &AttnParams,
+    ) -> Result<Self::Tensor>;
+
+    // ---- mixture of experts ----
+    /// Softmax router over `router_logits` (`[n, n_experts]`), top-k, then
+    /// `sum_k p_k * down_k(act(gate_k x) * up_k x)`. Expert banks are `[E, out, in]`.
+    fn moe(
+        &self,
+        x: &Self::Tensor,
+        router_logits: &Self::Tensor,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        down: &Self::Weight,
+        p: &MoeParams,
+    ) -> Result<Self::Tensor>;
+
+    // ---- Gated DeltaNet (Qwen3.5 linear attention) ----
+    /// Depthwise causal conv1d (kernel k) over columns, followed by SiLU. `state` holds the last
+    /// `k-1` inputs `[k-1, channels]` and is updated. `w` is `[channels, k]`.
+    fn causal_conv1d_silu(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        state: &mut Self::Tensor,
+    ) -> Result<Self::Tensor>;
+
+    /// Gated DeltaNet gates: `g = neg_a * softplus(a + dt_bias)` and `beta = sigmoid(b)`, where
+    /// `a`, `b` are `[n, n_v]` and `neg_a` (= -exp(A_log)), `dt_bias` are `[1, n_v]`.
+    /// Returns `(g, beta)`.
+    fn gdn_gates(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        neg_a: &Self::Tensor,
+        dt_bias: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor)>;
+
+    /// The gated delta rule, token by token. Per value head h (with key head kh(h)):
+    /// S <- exp(g) S; delta = beta (v - S^T k); S <- S + k delta^T; o = S^T q.
+    /// q, k: `[n, n_v_heads*dk]` (already expanded to value heads, normalised, q scaled);
+    /// v: `[n, n_v*dv]`; g, beta: `[n, n_v]`; state: `[n_v, dk*dv]` updated in place.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_rule(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        g: &Self::Tensor,
+        beta: &Self::Tensor,
+        state: &mut Self::Tensor,
+        dk: usize,
+        dv: usize,
+    ) -> Result<Self::Tensor>;
+}
+
+/// Ops a backend may run fused. Each default is the composition of primitive ops (what the CPU
+/// backend runs, and the reference for a fused form); an `Option` result lets a backend decline
+/// inputs it does not fuse, and the caller then runs the composition.
+pub trait Fused: Ops {
+    /// `act(x[:, ..ff]) * x[:, ff..]` of a fused gate|up projection `[n, 2 ff]`.
+    fn glu_fused(&self, x: &Self::Tensor, act: Activation) -> Result<Self::Tensor> {
+        let (_, c) = self.dims(x);
+        if c % 2 != 0 {
+            return Err(BackendError::Shape {
+                op: "glu_fused",
+                detail: format!("{c} columns is not gate|up halves"),
+            });
+        }
+        let g = self.slice_cols(x, 0, c / 2)?;
+        let u = self.slice_cols(x, c / 2, c / 2)?;
+        self.glu(&g, &u, act)
+    }
+
+    /// [`Backend::glu_fused`] of [`Backend::linear`]: `act(x Wg^T) * (x Wu^T)` for a fused
+    /// `[2 ff, in]` gate|up weight. A backend may run it as one kernel (the CUDA decode GEMV's
+    /// `__glu` entry); the result is the same values.
+    fn linear_glu(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Weight,
+        act: Activation,
+    ) -> Result<Self::Tensor> {
+        let y = self.linear(x, w)?;
+        self.glu_fused(&y, act)
+    }
+
     /// The residual add and the RMSNorm of its sum in one op: `(h + y, rms_norm(h + y))`
     /// (a decoder's residual stream followed by the next norm). Default: `add` then `rms_norm`.
     fn add_rms_norm(
@@ -469,6 +590,7 @@ pub trait Backend: Send + Sync + 'static {
         let n = self.rms_norm(&s, w, eps, dim)?;
         Ok((s, n))
     }
+
     /// A branch's output projection, the residual add, the next RMSNorm over the whole row and
     /// what reads it, as one op: `s = h + x w^T`, `n = rms_norm(s)`, returns `(s, next(n))`
     /// (a decoder's o_proj or down projection, the add, the next norm and the gate|up or q/k/v
@@ -486,6 +608,7 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<(Self::Tensor, Vec<Self::Tensor>)> {
         linear_add_rms_norm_then_composed(self, x, w, h, norm, eps, next)
     }
+
     /// Whether [`Backend::linear_add_rms_norm_then`] hands the norm over deferred for the
     /// producer `w` and the consumers `next` (its rows then are not those of
     /// [`linear_add_rms_norm_then_composed`]). Where it does not, a caller may run the
@@ -494,6 +617,7 @@ pub trait Backend: Send + Sync + 'static {
     fn defers_norm(&self, _w: &Self::Weight, _next: &NormNext<'_, Self::Weight>) -> Result<bool> {
         Ok(false)
     }
+
     /// A residual add with a norm on each side in one op:
     /// `s = (h + rms_norm(y, post.norm)) * post.scale`, returns `(s, rms_norm(s, w))`, both norms
     /// over groups of `dim` with `eps` (Gemma: the post-attention norm, the add and `ffn_norm`;
@@ -523,27 +647,7 @@ pub trait Backend: Send + Sync + 'static {
             }
         }
     }
-    /// L2-normalise groups of `dim` columns: x / sqrt(sum(x^2) + eps).
-    fn l2_norm(&self, x: &Self::Tensor, eps: f32, dim: usize) -> Result<Self::Tensor>;
-    /// Rotate `n_heads` heads of each row, row i at the step's position of row i.
-    fn rope(
-        &self,
-        x: &Self::Tensor,
-        n_heads: usize,
-        step: &StepOf<Self>,
-        rope: &Rope,
-    ) -> Result<Self::Tensor>;
 
-    // ---- attention ----
-    fn kv_cache(&self, shape: KvShape) -> Result<Self::KvCache>;
-    /// Write `k`, `v` (`[n, n_kv*hd]`) at the step's positions.
-    fn kv_write(
-        &self,
-        cache: &mut Self::KvCache,
-        step: &StepOf<Self>,
-        k: &Self::Tensor,
-        v: &Self::Tensor,
-    ) -> Result<()>;
     /// The attention input of one layer in one op: per-head RMSNorm of q, k and v as `p` says,
     /// RoPE of q and k at the step's positions, k and v written to `cache` there. `q` is
     /// `[n, n_heads*hd]`, `k` and `v` `[n, n_kv*hd]`; returns the rotated q. Default:
@@ -559,6 +663,7 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Self::Tensor> {
         attn_prep_composed(self, q, k, v, cache, step, p)
     }
+
     /// One decode row's fused q|k|v projection (`w`: the q, k and v weights stacked by rows)
     /// followed by [`Backend::attn_prep`], as one op where the backend has it: the rotated q,
     /// K and V written to `cache` at the step's position. None where it does not take the inputs (the caller
@@ -573,30 +678,7 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Option<Self::Tensor>> {
         Ok(None)
     }
-    /// Causal attention of `q` (`[n, n_heads*hd]`, rows at the step's positions) over the
-    /// cache's positions up to each row's (limited by the window). Returns `[n, n_heads*hd]`.
-    fn attention(
-        &self,
-        q: &Self::Tensor,
-        cache: &Self::KvCache,
-        step: &StepOf<Self>,
-        p: &AttnParams,
-    ) -> Result<Self::Tensor>;
-    /// Copy the first `n` positions of `src` into `dst` (KV sharing / rewinds).
-    fn kv_truncate(&self, cache: &mut Self::KvCache, len: usize) -> Result<()>;
 
-    // ---- mixture of experts ----
-    /// Softmax router over `router_logits` (`[n, n_experts]`), top-k, then
-    /// `sum_k p_k * down_k(act(gate_k x) * up_k x)`. Expert banks are `[E, out, in]`.
-    fn moe(
-        &self,
-        x: &Self::Tensor,
-        router_logits: &Self::Tensor,
-        gate: &Self::Weight,
-        up: &Self::Weight,
-        down: &Self::Weight,
-        p: &MoeParams,
-    ) -> Result<Self::Tensor>;
     /// A MoE block's routed experts from its input: the router logits `x @ router^T`
     /// (`router` `[n_experts, in]`), then [`Backend::moe`]. Default: `linear`, then `moe`; a
     /// backend may route and run the experts in fewer launches (the CUDA backend's one-row
@@ -633,42 +715,13 @@ pub trait Backend: Send + Sync + 'static {
         let logits = self.linear(x, router)?;
         self.moe(x, &logits, gate, up, down, p)
     }
+}
 
-    // ---- Gated DeltaNet (Qwen3.5 linear attention) ----
-    /// Depthwise causal conv1d (kernel k) over columns, followed by SiLU. `state` holds the last
-    /// `k-1` inputs `[k-1, channels]` and is updated. `w` is `[channels, k]`.
-    fn causal_conv1d_silu(
-        &self,
-        x: &Self::Tensor,
-        w: &Self::Weight,
-        state: &mut Self::Tensor,
-    ) -> Result<Self::Tensor>;
-    /// Gated DeltaNet gates: `g = neg_a * softplus(a + dt_bias)` and `beta = sigmoid(b)`, where
-    /// `a`, `b` are `[n, n_v]` and `neg_a` (= -exp(A_log)), `dt_bias` are `[1, n_v]`.
-    /// Returns `(g, beta)`.
-    fn gdn_gates(
-        &self,
-        a: &Self::Tensor,
-        b: &Self::Tensor,
-        neg_a: &Self::Tensor,
-        dt_bias: &Self::Tensor,
-    ) -> Result<(Self::Tensor, Self::Tensor)>;
-    /// The gated delta rule, token by token. Per value head h (with key head kh(h)):
-    /// S <- exp(g) S; delta = beta (v - S^T k); S <- S + k delta^T; o = S^T q.
-    /// q, k: `[n, n_v_heads*dk]` (already expanded to value heads, normalised, q scaled);
-    /// v: `[n, n_v*dv]`; g, beta: `[n, n_v]`; state: `[n_v, dk*dv]` updated in place.
-    #[allow(clippy::too_many_arguments)]
-    fn gated_delta_rule(
-        &self,
-        q: &Self::Tensor,
-        k: &Self::Tensor,
-        v: &Self::Tensor,
-        g: &Self::Tensor,
-        beta: &Self::Tensor,
-        state: &mut Self::Tensor,
-        dk: usize,
-        dv: usize,
-    ) -> Result<Self::Tensor>;
+/// Sampling on the backend: a sampler per sequence kept where the logits are.
+pub trait Sampling: Runtime {
+    /// One sequence's sampler: its random stream and the tokens it has observed (prompt and
+    /// generated, for the penalties), kept where the logits are.
+    type SamplerState: Send + 'static;
 
     // ---- sampling ----
     /// A sampler for one sequence over a vocabulary of `vocab`: `prompt` counts as observed for
@@ -679,8 +732,10 @@ pub trait Backend: Send + Sync + 'static {
         prompt: &[u32],
         vocab: usize,
     ) -> Result<Self::SamplerState>;
+
     /// Record a token chosen outside `sample` (a forced token) as generated.
     fn sampler_accept(&self, state: &mut Self::SamplerState, id: u32) -> Result<()>;
+
     /// Pick the next token from the last row of `logits` (`[rows, vocab]`, consumed: the
     /// penalties are applied in place) with the semantics of `engine::Sampler::sample`:
     /// repetition penalty over observed tokens, presence / frequency penalties over generated
@@ -711,6 +766,7 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<bool> {
         Ok(false)
     }
+
     /// The id drawn by the last `sample_begin` of `state` (waits for it).
     fn sample_finish(&self, _state: &mut Self::SamplerState) -> Result<u32> {
         Err(BackendError::Unsupported {
@@ -720,3 +776,9 @@ pub trait Backend: Send + Sync + 'static {
         })
     }
 }
+
+/// A backend: everything a model needs ([`Runtime`], [`Ops`], [`Fused`], [`Sampling`]); every
+/// type with all four is one.
+pub trait Backend: Fused + Sampling {}
+
+impl<T: Fused + Sampling> Backend for T {}

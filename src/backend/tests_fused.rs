@@ -5,7 +5,8 @@
 //! attention reads from them.
 
 use super::cpu::{CpuBackend, CpuTensor};
-use super::{step_at, AttnParams, AttnPrep, Backend, KvShape, Norm, PostNorm, Rope};
+use super::{step_at, AttnParams, AttnPrep, KvShape, Norm, PostNorm, Rope};
+use crate::backend::{Fused, Ops, Runtime};
 use crate::ops::RopeLayout;
 
 fn lcg(seed: u64, n: usize) -> Vec<f32> {
@@ -111,7 +112,7 @@ fn norm_add_rms_norm_default_is_the_composition() {
 /// Attention output of every position `0..len` of `cache` for the queries `q` (rows at `0..`).
 fn read_cache(
     be: &CpuBackend,
-    cache: &<CpuBackend as Backend>::KvCache,
+    cache: &<CpuBackend as Runtime>::KvCache,
     p: &AttnParams,
 ) -> Vec<f32> {
     let len = cache.len();

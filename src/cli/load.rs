@@ -1,5 +1,6 @@
 //! Loading the model, tokenizer and chat format named by the flags, and starting the engine.
 
+use crate::backend::Runtime;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -183,7 +184,6 @@ fn load_cuda(
     ckpt: &Checkpoint,
     be: crate::backend::cuda::CudaBackend,
 ) -> Result<Arc<dyn CausalLm>> {
-    use crate::backend::Backend;
     use crate::model::registry::KvBudget;
     let util = a.gpu_mem_util;
     tracing::info!(

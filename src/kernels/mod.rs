@@ -3,12 +3,17 @@
 //!
 //! `supports(&key)` / `get(&key)` answer from one table; an instance that was not built is a
 //! typed error ([`KernelError::NotInstantiated`]) the caller can fall back from, never an abort.
-//! Kernel names come only from `codegen::entry_name` (through [`KernelSpec::name`]).
+//! Kernel names come only from `codegen::entry_name` (through [`KernelSpec::name`]); an
+//! instance's secondary entries are [`Entry`] variants the registry lists per instance
+//! ([`KernelSpec::entry`], [`supports_entry`]).
 
 mod registry;
 
+pub use codegen::entries::Entry;
 pub use codegen::key::{entry_name, BatchBucket, HeadDim, KernelKey, Op, Quant, SmArch};
-pub use registry::{get, instances_for_arch, resolve, supports, KernelSpec, KERNELS};
+pub use registry::{
+    get, instances_for_arch, resolve, supports, supports_entry, KernelSpec, KERNELS,
+};
 
 /// Errors of kernel lookup, compilation and launch.
 #[derive(Debug, thiserror::Error)]

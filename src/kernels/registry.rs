@@ -1,6 +1,6 @@
 //! The table `build.rs` generates, and lookups over it.
 
-use super::{BatchBucket, HeadDim, KernelError, KernelKey, Op, Quant, SmArch};
+use super::{BatchBucket, Entry, HeadDim, KernelError, KernelKey, Op, Quant, SmArch};
 
 /// One built instance: its key, its name (`codegen::entry_name(&key)`, also the `extern "C"`
 /// entry point), the template it came from, why it exists, its params (JSON object text, the
@@ -14,6 +14,9 @@ pub struct KernelSpec {
     pub params: &'static str,
     /// The integer params, for launch code (no parsing on the hot path).
     pub int_params: &'static [(&'static str, i64)],
+    /// The secondary entries the source defines, with their `extern "C"` names
+    /// (`<name>__<suffix>`).
+    pub entries: &'static [(Entry, &'static str)],
     pub source: &'static str,
 }
 
@@ -23,6 +26,11 @@ impl KernelSpec {
         let &(_, v) = self.int_params.iter().find(|(k, _)| *k == name)?;
         u32::try_from(v).ok()
     }
+
+    /// The `extern "C"` name of entry `e`, if this instance defines it.
+    pub fn entry(&self, e: Entry) -> Option<&'static str> {
+        self.entries.iter().find(|(x, _)| *x == e).map(|&(_, n)| n)
+    }
 }
 
 include!(concat!(env!("OUT_DIR"), "/kernel_registry.rs"));
@@ -30,6 +38,11 @@ include!(concat!(env!("OUT_DIR"), "/kernel_registry.rs"));
 /// Is `key` in the build set?
 pub fn supports(key: &KernelKey) -> bool {
     KERNELS.binary_search_by(|s| s.key.cmp(key)).is_ok()
+}
+
+/// Is `key` in the build set with the entry `e`?
+pub fn supports_entry(key: &KernelKey, e: Entry) -> bool {
+    get(key).is_ok_and(|s| s.entry(e).is_some())
 }
 
 /// The instance for `key`, or `NotInstantiated`.

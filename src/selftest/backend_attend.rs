@@ -11,7 +11,8 @@ use super::backend_ops::{host, Ctx, Pair, R};
 use super::check::uniform;
 use crate::backend::cuda::kv::kv_layout;
 use crate::backend::cuda::{CudaBackend, KvType};
-use crate::backend::{step_at, AttnParams, Backend, KvShape, Rope, StepOf};
+use crate::backend::{step_at, AttnParams, KvShape, Rope, StepOf};
+use crate::backend::{Fused, Ops, Runtime};
 use crate::ops::RopeLayout;
 
 /// One decode case: heads, RoPE, norms (q, k, v: None / 0 plain / 1 1+w / 2 none), position.

@@ -24,8 +24,9 @@ use super::checks::attn_prep::cache_expect;
 use crate::backend::cuda::kv::{kv_layout, kv_quant};
 use crate::backend::cuda::{CudaBackend, GpuKvCache, GpuTensor, KvType};
 use crate::backend::{
-    attn_prep_composed, step_at, Activation, AttnPrep, Backend, KvShape, Norm, PostNorm, Rope,
+    attn_prep_composed, step_at, Activation, AttnPrep, KvShape, Norm, PostNorm, Rope,
 };
+use crate::backend::{Fused, Ops, Runtime};
 use crate::kernels::{BatchBucket, Op, Quant};
 use crate::ops::qdot::random_weights;
 use crate::ops::RopeLayout;

@@ -14,7 +14,8 @@
 use super::backend_fused::side_car;
 use super::backend_ops::{host, tref, Ctx};
 use super::check::uniform;
-use crate::backend::{Activation, Backend, Norm};
+use crate::backend::{Activation, Norm};
+use crate::backend::{Fused, Ops, Runtime};
 use crate::ops::qdot::random_weights;
 use crate::quant::GgmlType;
 

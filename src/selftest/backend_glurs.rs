@@ -7,7 +7,8 @@ use super::backend_ops::{tref, Ctx};
 use super::backend_res::Loaded;
 use super::check::uniform;
 use crate::backend::cuda::{CudaBackend, KvType};
-use crate::backend::{Activation, Backend, Norm, NormNext};
+use crate::backend::Runtime;
+use crate::backend::{Activation, Norm, NormNext};
 use crate::ops::qdot::random_weights;
 use crate::quant::GgmlType;
 

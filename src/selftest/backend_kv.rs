@@ -7,7 +7,8 @@ use super::backend_ops::{Ctx, Pair, R};
 use super::check::uniform;
 use crate::backend::cuda::kv::kv_layout;
 use crate::backend::cuda::{GpuKvCache, KvType};
-use crate::backend::{Backend, KvShape};
+use crate::backend::KvShape;
+use crate::backend::{Ops, Runtime};
 
 pub(super) fn kv_recycle_cases(cx: &mut Ctx) {
     for kv in [KvType::Fp8E4m3, KvType::F16] {

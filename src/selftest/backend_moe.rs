@@ -15,6 +15,7 @@
 //! Inputs whose CPU router logits have a near-tie at the top-k boundary (gap < 1e-3) are drawn
 //! again, so a last-ulp difference of the logits cannot swap an expert.
 
+use crate::backend::{Fused, Ops, Runtime};
 use rand::rngs::StdRng;
 
 use super::backend_ops::{host, Ctx, Pair, R};
@@ -174,7 +175,7 @@ fn normed(gpu: &CudaBackend, x: &[f32], w: &[f32]) -> R<(GpuTensor, Vec<f32>)> {
 /// logits are at least `MIN_TOPK_GAP` apart, else None.
 fn topk_set(
     be: &CpuBackend,
-    router: &<CpuBackend as Backend>::Weight,
+    router: &<CpuBackend as Runtime>::Weight,
     x: &[f32],
     k: usize,
 ) -> R<Option<Vec<usize>>> {
@@ -196,8 +197,8 @@ fn topk_set(
 fn clear_topk(
     cpu: &CpuBackend,
     cpu8: &CpuBackend,
-    router: &<CpuBackend as Backend>::Weight,
-    router8: &<CpuBackend as Backend>::Weight,
+    router: &<CpuBackend as Runtime>::Weight,
+    router8: &<CpuBackend as Runtime>::Weight,
     x: &[f32],
     k: usize,
 ) -> R<bool> {

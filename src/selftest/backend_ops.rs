@@ -20,6 +20,7 @@
 //! - moe at prefill sizes (n = 64..512: the grouped tensor-core GEMMs, bf16 activations and
 //!   weights, against the f32 CPU backend): [`MOE_BOUND`].
 
+use crate::backend::{Fused, Ops, Runtime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -27,7 +28,7 @@ use super::check::{uniform, Comparison};
 use super::checks::moe::{cpu_moe, make_case_with, CaseSpec};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaDevice, GpuTensor, KvType};
-use crate::backend::{step_at, Activation, Backend, LogitRows, Norm, Rope, StepPlan};
+use crate::backend::{step_at, Activation, LogitRows, Norm, Rope, StepPlan};
 use crate::kernels::Quant;
 use crate::ops::qdot::random_weights;
 use crate::ops::RopeLayout;

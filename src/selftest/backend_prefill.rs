@@ -18,7 +18,8 @@
 use super::backend_ops::{host, tref, Ctx, Pair, R};
 use super::check::uniform;
 use crate::backend::cuda::{CudaBackend, GpuTensor};
-use crate::backend::{Activation, Backend, Norm};
+use crate::backend::{Activation, Norm};
+use crate::backend::{Fused, Ops, Runtime};
 use crate::kernels::{BatchBucket, Op, Quant};
 use crate::ops::qdot::random_weights;
 use crate::quant::GgmlType;

@@ -5,7 +5,7 @@
 
 use super::backend_ops::{host, tref, Ctx};
 use super::check::uniform;
-use crate::backend::Backend;
+use crate::backend::{Ops, Runtime};
 use crate::model::common::blocks::Qkv;
 use crate::ops::qdot::random_weights;
 use crate::quant::GgmlType;

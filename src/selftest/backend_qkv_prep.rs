@@ -14,7 +14,8 @@ use super::backend_fused::{prep_of, prep_weights, with_cache};
 use super::backend_ops::{host, tref, Ctx, Pair, R};
 use super::check::uniform;
 use crate::backend::cuda::{CudaBackend, KvType};
-use crate::backend::{step_at, Backend, KvShape, Norm};
+use crate::backend::{step_at, KvShape, Norm};
+use crate::backend::{Fused, Ops, Runtime};
 use crate::ops::qdot::random_weights;
 use crate::quant::GgmlType;
 

@@ -22,6 +22,7 @@ use crate::backend::cuda::{CudaBackend, GpuTensor, GpuWeight};
 use crate::backend::{
     linear_add_rms_norm_then_composed, norm_next_apply, Activation, Backend, Norm, NormNext,
 };
+use crate::backend::{Fused, Ops, Runtime};
 use crate::ops::qdot::{dequantize_q8_1, quantize_q8_1, random_weights};
 use crate::quant::GgmlType;
 use crate::weights::TensorRef;

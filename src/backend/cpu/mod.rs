@@ -18,8 +18,8 @@ pub use moe::route;
 pub use weight::CpuWeight;
 
 use crate::backend::{
-    Activation, AttnParams, Backend, BackendError, KvShape, KvType, MoeParams, Need, Norm, Result,
-    Rope, Step, StepOf, StepPlan,
+    Activation, AttnParams, BackendError, Fused, KvShape, KvType, MoeParams, Need, Norm, Ops,
+    Result, Rope, Runtime, Sampling, Step, StepOf, StepPlan,
 };
 use crate::ops::{self, NormWeight, RopeLayout};
 use crate::weights::TensorRef;
@@ -76,6 +76,7 @@ impl CpuBackend {
             lacking: None,
         }
     }
+
     /// Int8-quantised activations against GGML block weights (see the type's docs).
     pub fn int8() -> Self {
         CpuBackend {
@@ -84,10 +85,12 @@ impl CpuBackend {
             lacking: None,
         }
     }
+
     /// The same backend with KV caches that round each written row as a `kv_type` cache does.
     pub fn with_kv_type(self, kv_type: KvType) -> Self {
         CpuBackend { kv_type, ..self }
     }
+
     /// The same backend claiming not to have `need` (`Backend::lacks`), as a GPU backend
     /// without those kernels does: for tests of the load-time refusal.
     pub fn lacking(self, need: Need) -> Self {
@@ -135,11 +138,13 @@ fn map1(a: &CpuTensor, f: impl Fn(f32) -> f32) -> CpuTensor {
     }
 }
 
-impl Backend for CpuBackend {
+impl Runtime for CpuBackend {
     type Tensor = CpuTensor;
+
     type Weight = CpuWeight;
+
     type KvCache = CpuKvCache;
-    type SamplerState = crate::sampling::Sampler;
+
     type StepData = ();
 
     fn name(&self) -> &'static str {
@@ -189,6 +194,19 @@ impl Backend for CpuBackend {
         })
     }
 
+    fn kv_cache(&self, shape: KvShape) -> Result<CpuKvCache> {
+        if shape.n_kv_heads == 0 || shape.head_dim == 0 {
+            return Err(shape_err("kv_cache", format!("{shape:?}")));
+        }
+        Ok(CpuKvCache::with_type(shape, self.kv_type))
+    }
+
+    fn kv_truncate(&self, cache: &mut CpuKvCache, len: usize) -> Result<()> {
+        cache.truncate(len)
+    }
+}
+
+impl Ops for CpuBackend {
     fn embed(&self, table: &CpuWeight, step: &StepOf<Self>, scale: f32) -> Result<CpuTensor> {
         let ids = step.plan().host_ids("embed")?;
         let d = table.cols();
@@ -469,13 +487,6 @@ impl Backend for CpuBackend {
         Ok(out)
     }
 
-    fn kv_cache(&self, shape: KvShape) -> Result<CpuKvCache> {
-        if shape.n_kv_heads == 0 || shape.head_dim == 0 {
-            return Err(shape_err("kv_cache", format!("{shape:?}")));
-        }
-        Ok(CpuKvCache::with_type(shape, self.kv_type))
-    }
-
     fn kv_write(
         &self,
         cache: &mut CpuKvCache,
@@ -496,10 +507,6 @@ impl Backend for CpuBackend {
     ) -> Result<CpuTensor> {
         let s = step.plan().seq_of("attention", q.rows)?;
         cache.attend(q, s.pos0, p)
-    }
-
-    fn kv_truncate(&self, cache: &mut CpuKvCache, len: usize) -> Result<()> {
-        cache.truncate(len)
     }
 
     fn moe(
@@ -564,6 +571,12 @@ impl Backend for CpuBackend {
     ) -> Result<CpuTensor> {
         gdn::gated_delta_rule(q, k, v, g, beta, state, dk, dv)
     }
+}
+
+impl Fused for CpuBackend {}
+
+impl Sampling for CpuBackend {
+    type SamplerState = crate::sampling::Sampler;
 
     fn sampler_new(
         &self,

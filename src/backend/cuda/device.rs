@@ -7,7 +7,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 use cudarc::nvrtc::Ptx;
 
 use super::error::{drv, CudaError};
-use crate::kernels::{self, BatchBucket, HeadDim, KernelKey, KernelSpec, Op, Quant, SmArch};
+use crate::kernels::{self, BatchBucket, Entry, HeadDim, KernelKey, KernelSpec, Op, Quant, SmArch};
 use codegen::ptx::{CacheConfig, PtxCache};
 
 /// The source NVRTC compiles for `spec`: the rendered template (profiling builds may put
@@ -30,7 +30,7 @@ pub struct CudaDevice {
     /// Main entry points, resolved once (launch paths do no string work).
     functions: Mutex<HashMap<KernelKey, CudaFunction>>,
     /// `<name>__<suffix>` entries whose dynamic shared memory limit was raised, loaded once.
-    functions_smem: Mutex<HashMap<(KernelKey, &'static str), CudaFunction>>,
+    functions_smem: Mutex<HashMap<(KernelKey, Option<Entry>), CudaFunction>>,
     capture: super::graph::CaptureFlag,
 }
 
@@ -209,15 +209,19 @@ impl CudaDevice {
         Ok(f)
     }
 
-    /// A secondary kernel of the same module, named `<spec.name>__<suffix>`.
-    pub fn function_suffixed(
+    /// The secondary entry `e` of the same module (its name from the registry; an instance
+    /// that does not define it is an error naming both).
+    pub fn function_entry(
         &self,
         spec: &'static KernelSpec,
-        suffix: &str,
+        e: Entry,
     ) -> Result<CudaFunction, CudaError> {
-        let name = format!("{}__{suffix}", spec.name);
+        let name = spec.entry(e).ok_or_else(|| CudaError::Invalid {
+            op: "kernel entry",
+            detail: format!("{} defines no __{e} entry", spec.name),
+        })?;
         self.module(spec)?
-            .load_function(&name)
+            .load_function(name)
             .map_err(drv(format!("finding {name}")))
     }
 
@@ -228,30 +232,30 @@ impl CudaDevice {
         spec: &'static KernelSpec,
         smem: usize,
     ) -> Result<CudaFunction, CudaError> {
-        self.smem_raised(spec, "", smem, || self.function(spec))
+        self.smem_raised(spec, None, smem, || self.function(spec))
     }
 
-    /// [`Self::function_suffixed`] with its dynamic shared memory limit raised to `smem` bytes,
-    /// loaded and configured once per (instance, suffix); `smem` must not change per suffix.
-    pub fn function_suffixed_smem(
+    /// [`Self::function_entry`] with its dynamic shared memory limit raised to `smem` bytes,
+    /// loaded and configured once per (instance, entry); `smem` must not change per entry.
+    pub fn function_entry_smem(
         &self,
         spec: &'static KernelSpec,
-        suffix: &'static str,
+        e: Entry,
         smem: usize,
     ) -> Result<CudaFunction, CudaError> {
-        self.smem_raised(spec, suffix, smem, || self.function_suffixed(spec, suffix))
+        self.smem_raised(spec, Some(e), smem, || self.function_entry(spec, e))
     }
 
-    /// The entry `load` gives (suffix "" = the main one), its dynamic shared memory limit raised
-    /// to `smem` bytes, cached per (instance, suffix).
+    /// The entry `load` gives (None: the main one), its dynamic shared memory limit raised to
+    /// `smem` bytes, cached per (instance, entry).
     fn smem_raised(
         &self,
         spec: &'static KernelSpec,
-        suffix: &'static str,
+        entry: Option<Entry>,
         smem: usize,
         load: impl FnOnce() -> Result<CudaFunction, CudaError>,
     ) -> Result<CudaFunction, CudaError> {
-        let key = (spec.key, suffix);
+        let key = (spec.key, entry);
         if let Some(f) = self
             .functions_smem
             .lock()
@@ -266,8 +270,9 @@ impl CudaDevice {
             smem as i32,
         )
         .map_err(drv(format!(
-            "raising {} {suffix} shared memory to {smem} bytes",
-            spec.name
+            "raising {} {} shared memory to {smem} bytes",
+            spec.name,
+            entry.map_or("main entry", |e| e.as_str())
         )))?;
         if let Ok(mut m) = self.functions_smem.lock() {
             m.insert(key, f.clone());

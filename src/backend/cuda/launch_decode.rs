@@ -1,6 +1,7 @@
 //! Typed launches of the decode-step kernels: attention over the paged FP8 / F16 KV cache
 //! (split-K with the merge fused into the same launch) and the sampler.
 
+use crate::kernels::Entry;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
@@ -359,16 +360,16 @@ impl CudaDevice {
         // static shared memory, and `__mma`'s partials (at most 8 heads x 1024 floats)
         let merge = match entry {
             DecodeEntry::Gqa if !fused => {
-                Some(self.function_suffixed_smem(spec, "gqa_merge", 0)?)
+                Some(self.function_entry_smem(spec, Entry::GqaMerge, 0)?)
             }
             _ => None,
         };
         let f = match entry {
             DecodeEntry::Mma if g <= MMAW_MAX_HEADS && decode_key_has_mmaw(&spec.key) => {
-                self.function_suffixed_smem(spec, "mmaw", MMA_PARTIALS_MAX)?
+                self.function_entry_smem(spec, Entry::Mmaw, MMA_PARTIALS_MAX)?
             }
-            DecodeEntry::Mma => self.function_suffixed_smem(spec, "mma", MMA_PARTIALS_MAX)?,
-            DecodeEntry::Gqa => self.function_suffixed_smem(spec, "gqa", 0)?,
+            DecodeEntry::Mma => self.function_entry_smem(spec, Entry::Mma, MMA_PARTIALS_MAX)?,
+            DecodeEntry::Gqa => self.function_entry_smem(spec, Entry::Gqa, 0)?,
             _ => self.function(spec)?,
         };
         let i = |v: usize| i32::try_from(v).map_err(|_| invalid(OP, format!("{v} exceeds i32")));
@@ -522,15 +523,15 @@ mod tests {
         decode_key_has_gqa, decode_key_has_mma, decode_key_has_mmaw, gqa_fused_merge_fits,
         GQA_FUSED_MERGE_MAX_DIMS, GQA_FUSED_MERGE_MAX_SPLITS,
     };
-    use crate::kernels::{Op, KERNELS};
+    use crate::kernels::{Entry, Op, KERNELS};
 
-    /// The decode-attention instances whose rendered source has the entry `<name>__<suffix>`,
-    /// checking that `rule` names exactly those (the template decides by head dim, cache type
-    /// and arch).
-    fn rendered_entries(suffix: &str, rule: fn(&crate::kernels::KernelKey) -> bool) -> usize {
+    /// The decode-attention instances whose rendered source defines the entry `e` (the
+    /// registry's list), checking that `rule` names exactly those (the template decides by head
+    /// dim, cache type and arch).
+    fn rendered_entries(e: Entry, rule: fn(&crate::kernels::KernelKey) -> bool) -> usize {
         let mut with = 0;
         for spec in KERNELS.iter().filter(|s| s.key.op == Op::AttnDecode) {
-            let rendered = spec.source.contains(&format!("{}__{suffix}(", spec.name));
+            let rendered = spec.entry(e).is_some();
             assert_eq!(rule(&spec.key), rendered, "{}", spec.name);
             with += rendered as usize;
         }
@@ -541,14 +542,14 @@ mod tests {
     /// sm_121a.
     #[test]
     fn mma_rule_matches_the_rendered_entries() {
-        let with = rendered_entries("mma", decode_key_has_mma);
+        let with = rendered_entries(Entry::Mma, decode_key_has_mma);
         assert!(with >= 6, "{with} instances with a tensor-core entry");
     }
 
     /// The wide-merge entry `__mmaw`: head dim 128 (FP8 and F16) on sm_90a and sm_121a.
     #[test]
     fn mmaw_rule_matches_the_rendered_entries() {
-        let with = rendered_entries("mmaw", decode_key_has_mmaw);
+        let with = rendered_entries(Entry::Mmaw, decode_key_has_mmaw);
         assert!(with >= 4, "{with} instances with a wide-merge entry");
     }
 
@@ -556,7 +557,7 @@ mod tests {
     /// sm_121a.
     #[test]
     fn gqa_rule_matches_the_rendered_entries() {
-        let with = rendered_entries("gqa", decode_key_has_gqa);
+        let with = rendered_entries(Entry::Gqa, decode_key_has_gqa);
         assert!(with >= 8, "{with} instances with a whole-group entry");
     }
 

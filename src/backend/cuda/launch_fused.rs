@@ -5,6 +5,7 @@
 //! pointers, shapes validated against their lengths
 //! (errors, never panics), the kernel signature stated at each launch.
 
+use crate::kernels::Entry;
 use cudarc::driver::LaunchConfig;
 
 use super::buf::DevPtr;
@@ -181,11 +182,8 @@ impl CudaDevice {
         dim: usize,
         y16: DevPtr<u16>,
     ) -> Result<(), CudaError> {
-        if e.suffix != "bf16" {
-            return Err(invalid(
-                "add_rms_norm bf16",
-                format!("entry __{}", e.suffix),
-            ));
+        if e.entry != Entry::Bf16 {
+            return Err(invalid("add_rms_norm bf16", format!("entry __{}", e.entry)));
         }
         self.add_rms_norm_go(&e.kern, a, b, s, w, y, eps, dim, None, Some(y16))
     }
@@ -322,10 +320,10 @@ impl CudaDevice {
         layout: &KvLayout,
         bufs: &AttnPrepBufs,
     ) -> Result<(), CudaError> {
-        if attn_prep_rows_suffix(layout.head_dim) != Some(e.suffix) {
+        if attn_prep_rows_suffix(layout.head_dim) != Some(e.entry) {
             return Err(invalid(
                 "attn_prep rows",
-                format!("entry __{} for head dim {}", e.suffix, layout.head_dim),
+                format!("entry __{} for head dim {}", e.entry, layout.head_dim),
             ));
         }
         self.attn_prep_go(&e.kern, true, p, layout, bufs)

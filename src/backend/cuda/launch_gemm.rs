@@ -6,6 +6,7 @@
 //! [`GemmPipe`] holds them loaded, with their dynamic shared memory raised, so a launch does no
 //! lookup. [`pick_tile`] chooses the tile by shape (tune it with `examples/gemm_bench.rs`).
 
+use crate::kernels::Entry;
 use cudarc::driver::{sys, CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
@@ -63,15 +64,15 @@ impl GemmTile {
     ];
 
     /// Entry suffix in the module (None: the main entry).
-    pub fn suffix(self) -> Option<&'static str> {
+    pub fn suffix(self) -> Option<Entry> {
         match self {
             GemmTile::T128x128W4 => None,
-            GemmTile::T128x128W8 => Some("w8"),
-            GemmTile::T128x256 => Some("n256"),
-            GemmTile::T64x128 => Some("m64"),
-            GemmTile::T128x128K2 => Some("k2"),
-            GemmTile::Wg128x128 => Some("wg"),
-            GemmTile::Wg128x256 => Some("wg256"),
+            GemmTile::T128x128W8 => Some(Entry::W8),
+            GemmTile::T128x256 => Some(Entry::N256),
+            GemmTile::T64x128 => Some(Entry::M64),
+            GemmTile::T128x128K2 => Some(Entry::K2),
+            GemmTile::Wg128x128 => Some(Entry::Wg),
+            GemmTile::Wg128x256 => Some(Entry::Wg256),
         }
     }
 
@@ -277,7 +278,7 @@ impl CudaDevice {
             }
             let f = match t.suffix() {
                 None => self.function(spec)?,
-                Some(s) => self.function_suffixed(spec, s)?,
+                Some(s) => self.function_entry(spec, s)?,
             };
             f.set_attribute(
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

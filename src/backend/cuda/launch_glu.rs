@@ -2,6 +2,7 @@
 //! GLU and the int8 side-car of the result in one launch, taken only where all of its blocks
 //! are resident at once. Shapes are validated against the buffers (errors, never panics).
 
+use crate::kernels::Entry;
 use cudarc::driver::LaunchConfig;
 
 use super::buf::DevPtr;
@@ -65,7 +66,7 @@ impl CudaDevice {
         sms: u32,
     ) -> Option<u32> {
         // __glurs is compiled for blocks of GLU_WARPS warps
-        if let Some(w) = glu_warps_env().filter(|_| e.suffix() == "glu") {
+        if let Some(w) = glu_warps_env().filter(|_| e.entry() == Entry::Glu) {
             return Some(w);
         }
         let name = e.spec().name;
@@ -96,14 +97,18 @@ impl CudaDevice {
         const OP: &str = "gemv_glu";
         let spec = e.spec();
         expect(&e.kern, &[Op::Gemv], OP)?;
-        let want = if a.rs.is_some() { "glurs" } else { "glu" };
-        if e.suffix() != want || spec.key.batch.value() != Some(1) {
+        let want = if a.rs.is_some() {
+            Entry::Glurs
+        } else {
+            Entry::Glu
+        };
+        if e.entry() != want || spec.key.batch.value() != Some(1) {
             return Err(invalid(
                 OP,
                 format!(
                     "{}__{} is not a batch-1 __{want} entry",
                     spec.name,
-                    e.suffix()
+                    e.entry()
                 ),
             ));
         }

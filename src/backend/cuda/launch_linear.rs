@@ -3,6 +3,7 @@
 //! Shapes are validated against the buffers (errors, never panics); every launch states the
 //! template signature it matches.
 
+use crate::kernels::Entry;
 use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
@@ -179,10 +180,10 @@ fn ks_for(n: usize, batches: usize) -> u32 {
 /// The entry, warps per block and blocks of a k-split launch of `ks` ways over `n` rows: `__ks`
 /// (blocks of 4 warps, 4 / ks row groups each) for 1, 2 and 4 ways, `__ks8` (8 warps, one row
 /// group) for 8; None for any other split.
-fn ks_geometry(spec: &KernelSpec, ks: u32, n: usize) -> Option<(&'static str, u32, usize)> {
+fn ks_geometry(spec: &KernelSpec, ks: u32, n: usize) -> Option<(Entry, u32, usize)> {
     let (suffix, warps) = match ks {
-        1 | 2 | 4 => ("ks", 4),
-        8 => ("ks8", 8),
+        1 | 2 | 4 => (Entry::Ks, 4),
+        8 => (Entry::Ks8, 8),
         _ => return None,
     };
     let rows = spec.param_u32("rows").unwrap_or(1).max(1) as usize;
@@ -500,7 +501,7 @@ impl CudaDevice {
                     })?;
                 let ksk = Kern {
                     spec: kn.spec,
-                    f: self.function_suffixed(kn.spec, suffix)?,
+                    f: self.function_entry(kn.spec, suffix)?,
                 };
                 let cfg = LaunchConfig {
                     grid_dim: (super::launch_ptr::grid(OP, blocks)?, 1, 1),
@@ -516,7 +517,7 @@ impl CudaDevice {
                     .ok_or_else(|| invalid(OP, format!("{} has no __s2 entry", kn.spec.name)))?;
                 let s2 = Kern {
                     spec: kn.spec,
-                    f: self.function_suffixed_smem(kn.spec, "s2", smem)?,
+                    f: self.function_entry_smem(kn.spec, Entry::S2, smem)?,
                 };
                 let cfg = LaunchConfig {
                     grid_dim: (
@@ -652,10 +653,10 @@ mod tests {
         assert_eq!(ks_for(4096, 1), 1);
         assert_eq!(ks_for(151936, 2), 1);
         // 2-row groups: 4 ways -> one group a 4-warp block; 2 ways -> two; 8 ways -> __ks8
-        assert_eq!(ks_geometry(q4, 4, 4096), Some(("ks", 4, 2048)));
-        assert_eq!(ks_geometry(q4, 2, 4096), Some(("ks", 4, 1024)));
-        assert_eq!(ks_geometry(q4, 1, 4097), Some(("ks", 4, 513)));
-        assert_eq!(ks_geometry(q8, 8, 4096), Some(("ks8", 8, 2048)));
+        assert_eq!(ks_geometry(q4, 4, 4096), Some((Entry::Ks, 4, 2048)));
+        assert_eq!(ks_geometry(q4, 2, 4096), Some((Entry::Ks, 4, 1024)));
+        assert_eq!(ks_geometry(q4, 1, 4097), Some((Entry::Ks, 4, 513)));
+        assert_eq!(ks_geometry(q8, 8, 4096), Some((Entry::Ks8, 8, 2048)));
         assert_eq!(ks_geometry(q8, 3, 4096), None);
     }
 

@@ -4,6 +4,7 @@
 //! without a GPU): shapes against buffer lengths, values against the kernels' limits; errors,
 //! never panics.
 
+use crate::kernels::Entry;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
@@ -338,7 +339,7 @@ impl CudaDevice {
         }
         let (pi, ei) = (int(OP, "pairs", pairs)?, e as i32);
         let (ip, pp) = (ids.raw(), perm.raw());
-        let f = self.function_suffixed(spec, "order")?;
+        let f = self.function_entry(spec, Entry::Order)?;
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1024, 1, 1),

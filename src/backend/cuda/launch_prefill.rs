@@ -10,6 +10,7 @@
 //! Shapes are validated against the pointers (errors, never panics); each launch states the
 //! kernel signature it matches.
 
+use crate::kernels::Entry;
 use cudarc::driver::LaunchConfig;
 
 use super::buf::DevPtr;
@@ -25,42 +26,42 @@ pub const PREFILL_MIN_ROWS: usize = 9;
 /// Groups per block of the warp-per-group entries (256 threads).
 const WARPS_PER_BLOCK: usize = 8;
 
-/// A loaded extra entry `<spec.name>__<suffix>` of an instance. Only
-/// [`CudaDevice::kern_entry`] makes one; each launch helper checks the op and the suffix, so a
-/// launch never pairs an argument list with the wrong entry.
+/// A loaded secondary entry of an instance. Only [`CudaDevice::kern_entry`] makes one; each
+/// launch helper checks the op and the entry, so a launch never pairs an argument list with the
+/// wrong entry.
 #[derive(Debug, Clone)]
 pub struct KernEntry {
     pub(super) kern: Kern,
-    pub(super) suffix: &'static str,
+    pub(super) entry: Entry,
 }
 
 impl KernEntry {
     pub fn spec(&self) -> &'static crate::kernels::KernelSpec {
         self.kern.spec
     }
-    pub fn suffix(&self) -> &'static str {
-        self.suffix
+    pub fn entry(&self) -> Entry {
+        self.entry
     }
 }
 
 /// The `rmsnorm__warp<M>` entry for groups of `dim` values (None: dim > 1024, use the block
 /// per group main entry).
-pub fn rms_norm_rows_suffix(dim: usize) -> Option<&'static str> {
+pub fn rms_norm_rows_suffix(dim: usize) -> Option<Entry> {
     match dim {
-        1..=128 => Some("warp4"),
-        129..=256 => Some("warp8"),
-        257..=512 => Some("warp16"),
-        513..=1024 => Some("warp32"),
+        1..=128 => Some(Entry::Warp4),
+        129..=256 => Some(Entry::Warp8),
+        257..=512 => Some(Entry::Warp16),
+        513..=1024 => Some(Entry::Warp32),
         _ => None,
     }
 }
 
 /// The `attn_prep__rows<M>` entry for head dim `d` (None: d > 512).
-pub fn attn_prep_rows_suffix(d: usize) -> Option<&'static str> {
+pub fn attn_prep_rows_suffix(d: usize) -> Option<Entry> {
     match d {
-        1..=128 => Some("rows4"),
-        129..=256 => Some("rows8"),
-        257..=512 => Some("rows16"),
+        1..=128 => Some(Entry::Rows4),
+        129..=256 => Some(Entry::Rows8),
+        257..=512 => Some(Entry::Rows16),
         _ => None,
     }
 }
@@ -82,14 +83,14 @@ pub fn glu_vec_ok(
 }
 
 impl CudaDevice {
-    /// Load the entry `<k.spec.name>__<suffix>` of instance `k`.
-    pub fn kern_entry(&self, k: &Kern, suffix: &'static str) -> Result<KernEntry, CudaError> {
+    /// Load the entry `e` of instance `k`.
+    pub fn kern_entry(&self, k: &Kern, e: Entry) -> Result<KernEntry, CudaError> {
         Ok(KernEntry {
             kern: Kern {
                 spec: k.spec,
-                f: self.function_suffixed(k.spec, suffix)?,
+                f: self.function_entry(k.spec, e)?,
             },
-            suffix,
+            entry: e,
         })
     }
 
@@ -106,10 +107,10 @@ impl CudaDevice {
     ) -> Result<(), CudaError> {
         const OP: &str = "rms_norm rows";
         expect(&e.kern, &[Op::RmsNorm], OP)?;
-        if rms_norm_rows_suffix(dim) != Some(e.suffix) {
+        if rms_norm_rows_suffix(dim) != Some(e.entry) {
             return Err(invalid(
                 OP,
-                format!("entry __{} for groups of {dim}", e.suffix),
+                format!("entry __{} for groups of {dim}", e.entry),
             ));
         }
         if x.len() % dim != 0 || x.len() != y.len() || x.is_empty() {
@@ -164,8 +165,8 @@ impl CudaDevice {
     ) -> Result<(), CudaError> {
         const OP: &str = "glu vec";
         expect(&e.kern, &[Op::Geglu, Op::Swiglu], OP)?;
-        if e.suffix != "vec" {
-            return Err(invalid(OP, format!("entry __{}", e.suffix)));
+        if e.entry != Entry::Vec {
+            return Err(invalid(OP, format!("entry __{}", e.entry)));
         }
         let span = |st: usize| if rows == 0 { 0 } else { (rows - 1) * st + cols };
         if strides.iter().any(|&st| st < cols)
@@ -220,15 +221,15 @@ mod tests {
     #[test]
     fn entries_by_size() {
         assert_eq!(rms_norm_rows_suffix(0), None);
-        assert_eq!(rms_norm_rows_suffix(16), Some("warp4"));
-        assert_eq!(rms_norm_rows_suffix(128), Some("warp4"));
-        assert_eq!(rms_norm_rows_suffix(129), Some("warp8"));
-        assert_eq!(rms_norm_rows_suffix(512), Some("warp16"));
-        assert_eq!(rms_norm_rows_suffix(1024), Some("warp32"));
+        assert_eq!(rms_norm_rows_suffix(16), Some(Entry::Warp4));
+        assert_eq!(rms_norm_rows_suffix(128), Some(Entry::Warp4));
+        assert_eq!(rms_norm_rows_suffix(129), Some(Entry::Warp8));
+        assert_eq!(rms_norm_rows_suffix(512), Some(Entry::Warp16));
+        assert_eq!(rms_norm_rows_suffix(1024), Some(Entry::Warp32));
         assert_eq!(rms_norm_rows_suffix(1025), None);
-        assert_eq!(attn_prep_rows_suffix(64), Some("rows4"));
-        assert_eq!(attn_prep_rows_suffix(256), Some("rows8"));
-        assert_eq!(attn_prep_rows_suffix(512), Some("rows16"));
+        assert_eq!(attn_prep_rows_suffix(64), Some(Entry::Rows4));
+        assert_eq!(attn_prep_rows_suffix(256), Some(Entry::Rows8));
+        assert_eq!(attn_prep_rows_suffix(512), Some(Entry::Rows16));
         assert_eq!(attn_prep_rows_suffix(514), None);
     }
 

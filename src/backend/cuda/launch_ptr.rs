@@ -6,6 +6,7 @@
 //! The `CudaSlice` helpers in `launch.rs` / `launch_linear.rs` (used by the per-kernel selftest)
 //! launch the same kernels; these are their pointer twins.
 
+use crate::kernels::Entry;
 use cudarc::driver::{sys, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
@@ -168,7 +169,7 @@ impl CudaDevice {
         expect(k, &[Op::RmsNorm, Op::Geglu, Op::Swiglu], "kern_q8")?;
         Ok(KernQ8(Kern {
             spec: k.spec,
-            f: self.function_suffixed(k.spec, "q8")?,
+            f: self.function_entry(k.spec, Entry::Q8)?,
         }))
     }
 

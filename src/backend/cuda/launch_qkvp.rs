@@ -2,6 +2,7 @@
 //! projection and attn_prep's work (q / k norms, RoPE, the K / V row into the cache) in one
 //! launch on thread-block clusters, one cluster per head (lib/gemv_repacked).
 
+use crate::kernels::Entry;
 use cudarc::driver::LaunchConfig;
 
 use super::buf::DevPtr;
@@ -45,10 +46,10 @@ impl CudaDevice {
         const OP: &str = "gemv_qkvp";
         let (p, b, l) = (a.launch, a.bufs, a.layout);
         expect(&e.kern, &[Op::Gemv], OP)?;
-        if e.suffix() != "qkvp" {
+        if e.entry() != Entry::Qkvp {
             return Err(invalid(
                 OP,
-                format!("{}__{} is not a __qkvp entry", e.spec().name, e.suffix()),
+                format!("{}__{} is not a __qkvp entry", e.spec().name, e.entry()),
             ));
         }
         let d = QKVP_HEAD_DIM;

@@ -5,6 +5,7 @@
 //! same [`RsArgs`] (`gemv_glu_ptr`). Shapes are validated against the buffers (errors, never
 //! panics).
 
+use crate::kernels::Entry;
 use cudarc::driver::LaunchConfig;
 
 use super::buf::DevPtr;
@@ -119,12 +120,12 @@ pub fn rsqv_blocks(spec: &KernelSpec, n6: usize, n: usize) -> usize {
 /// at 4 rows a step, 499.1 tok/s without `__rs2` and 501.9 with it; Qwen3-8B Q4_K_M (1024-row V,
 /// 64 blocks) 494.4 and 493.1 with `__rs2` there too. Leaving the 8B's to `__rs` (the third)
 /// measured within noise of that (493.7 against 493.4, three runs each).
-pub fn rs_suffix(spec: &KernelSpec, rows: usize, sms: u32) -> &'static str {
+pub fn rs_suffix(spec: &KernelSpec, rows: usize, sms: u32) -> Entry {
     let r = spec.param_u32("rows").unwrap_or(1).max(1) as usize;
     if spec.key.quant == Quant::Q6KR && r > 2 && 3 * rows.div_ceil(4 * r) < sms as usize {
-        "rs2"
+        Entry::Rs2
     } else {
-        "rs"
+        Entry::Rs
     }
 }
 
@@ -133,19 +134,19 @@ pub fn rs_suffix(spec: &KernelSpec, rows: usize, sms: u32) -> &'static str {
 fn check_weights(
     op: &'static str,
     e: &KernEntry,
-    suffix: &str,
+    suffix: Entry,
     w: DevPtr<u8>,
     (rows, k): (usize, usize),
 ) -> Result<(), CudaError> {
     let spec = e.spec();
     expect(&e.kern, &[Op::Gemv], op)?;
-    if e.suffix() != suffix || spec.key.batch.value() != Some(1) {
+    if e.entry() != suffix || spec.key.batch.value() != Some(1) {
         return Err(invalid(
             op,
             format!(
                 "{}__{} is not a batch-1 __{suffix} entry",
                 spec.name,
-                e.suffix()
+                e.entry()
             ),
         ));
     }
@@ -182,7 +183,7 @@ impl CudaDevice {
     ) -> Result<(), CudaError> {
         const OP: &str = "gemv_res";
         let (n, k) = (a.n, a.k);
-        check_weights(OP, e, "res", a.w, (n, k))?;
+        check_weights(OP, e, Entry::Res, a.w, (n, k))?;
         if n % 32 != 0 || !(1..=res_max_warps(e.kern.spec)).contains(&warps) {
             return Err(invalid(
                 OP,
@@ -241,10 +242,14 @@ impl CudaDevice {
     ) -> Result<(), CudaError> {
         const OP: &str = "gemv_rs";
         // `__rs2` (q6_kr): one 2-row step a warp whatever the instance's rows
-        let (suffix, grid) = match e.suffix() {
-            "rs2" => ("rs2", n.div_ceil(8).min(u32::MAX as usize) as u32),
+        let (suffix, grid) = match e.entry() {
+            Entry::Rs2 => (Entry::Rs2, n.div_ceil(8).min(u32::MAX as usize) as u32),
             s => (
-                if s == "rsw" { "rsw" } else { "rs" },
+                if s == Entry::Rsw {
+                    Entry::Rsw
+                } else {
+                    Entry::Rs
+                },
                 gemv_default_grid(e.spec(), n, sms),
             ),
         };
@@ -300,10 +305,10 @@ impl CudaDevice {
         rs: &RsArgs,
     ) -> Result<(), CudaError> {
         const OP: &str = "gemv_rsqv";
-        let suffix = if e.suffix() == "rsqvw" {
-            "rsqvw"
+        let suffix = if e.entry() == Entry::Rsqvw {
+            Entry::Rsqvw
         } else {
-            "rsqv"
+            Entry::Rsqv
         };
         check_weights(OP, e, suffix, v.w, (v.n, k))?;
         let (_, s6) = crate::quant::repack::source_of(Quant::Q6KR)
@@ -368,12 +373,12 @@ mod tests {
     fn rs2_only_for_short_q6_kr() {
         let q6 = bs1(Quant::Q6KR);
         assert_eq!(q6.param_u32("rows"), Some(4));
-        assert_eq!(rs_suffix(q6, 512, 132), "rs2");
-        assert_eq!(rs_suffix(q6, 1024, 132), "rs");
-        assert_eq!(rs_suffix(q6, 24576, 132), "rs");
-        assert_eq!(rs_suffix(q6, 512, 16), "rs");
+        assert_eq!(rs_suffix(q6, 512, 132), Entry::Rs2);
+        assert_eq!(rs_suffix(q6, 1024, 132), Entry::Rs);
+        assert_eq!(rs_suffix(q6, 24576, 132), Entry::Rs);
+        assert_eq!(rs_suffix(q6, 512, 16), Entry::Rs);
         for q in [Quant::Q4KR, Quant::Q4_0R, Quant::Q8_0R] {
-            assert_eq!(rs_suffix(bs1(q), 512, 132), "rs");
+            assert_eq!(rs_suffix(bs1(q), 512, 132), Entry::Rs);
         }
     }
 

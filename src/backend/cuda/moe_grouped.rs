@@ -16,6 +16,7 @@
 //! depend on the order of pairs within an expert (every output row is computed on its own), so
 //! they are the same run to run.
 
+use crate::kernels::Entry;
 use std::sync::Arc;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -406,7 +407,7 @@ impl CudaDevice {
             &[(bank.len(), bank.raw())],
             d.len(),
         )? as i64;
-        let f = self.function_suffixed(spec, "down")?;
+        let f = self.function_entry(spec, Entry::Down)?;
         let cfg = LaunchConfig {
             grid_dim: (a.max_tiles as u32, a.n.div_ceil(DOWN_COLS) as u32, 1),
             block_dim: (128, 1, 1),

@@ -4,6 +4,7 @@
 //! activations, `gemm` instances over the bank's GGUF blocks), scatter-added into the output with
 //! the routing weights. Not capturable (host copies): for prompts only.
 
+use crate::kernels::Entry;
 use std::sync::Arc;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -86,9 +87,9 @@ struct Gemm {
 }
 
 impl CudaDevice {
-    fn combine_fn(&self, suffix: &str) -> Result<cudarc::driver::CudaFunction, CudaError> {
+    fn combine_fn(&self, suffix: Entry) -> Result<cudarc::driver::CudaFunction, CudaError> {
         let spec = self.resolve(Op::MoeCombine, Quant::F32, HeadDim::Any, BatchBucket::Any)?;
-        self.function_suffixed(spec, suffix)
+        self.function_entry(spec, suffix)
     }
 
     /// `out[i] = bf16(x[rows[i]])` (rows null: `x[i]`), `m` rows of `cols`.
@@ -104,7 +105,7 @@ impl CudaDevice {
         if out.len() < m * cols || x.len() < x_rows * cols || (rows.raw() != 0 && rows.len() < m) {
             return Err(invalid(format!("gather of {m} x {cols}")));
         }
-        let f = self.combine_fn("gather_bf16")?;
+        let f = self.combine_fn(Entry::GatherBf16)?;
         let (xp, rp, op, mi, ci) = (x.raw(), rows.raw(), out.raw(), m as i32, cols as i32);
         let cfg = LaunchConfig {
             grid_dim: ((m * cols).div_ceil(256) as u32, 1, 1),
@@ -133,7 +134,7 @@ impl CudaDevice {
         if d.len() < m * cols || rows.len() < m || w.len() < m || out.len() < n * cols {
             return Err(invalid(format!("scatter of {m} x {cols}")));
         }
-        let f = self.combine_fn("scatter")?;
+        let f = self.combine_fn(Entry::Scatter)?;
         let (dp, rp, wp, op, mi, ci) = (
             d.raw(),
             rows.raw(),

@@ -12,6 +12,7 @@
 //! the draw is the `sample` kernel's (`ops::sample`: same filters as the CPU sampler, its own
 //! counter-based random stream). Greedy is the argmax, lowest id on ties, as on the CPU.
 
+use crate::kernels::Entry;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::backend::CudaBackend;
@@ -389,7 +390,7 @@ impl CudaDevice {
         let vi =
             i32::try_from(logits.len()).map_err(|_| invalid(OP, "vocab exceeds i32".into()))?;
         let n = i32::try_from(banned.len()).map_err(|_| invalid(OP, "too many ids".into()))?;
-        let f = self.function_suffixed(spec, "ban")?;
+        let f = self.function_entry(spec, Entry::Ban)?;
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (256, 1, 1),
@@ -419,7 +420,7 @@ impl CudaDevice {
         }
         let vi =
             i32::try_from(counts.len()).map_err(|_| invalid(OP, "vocab exceeds i32".into()))?;
-        let f = self.function_suffixed(spec, "count")?;
+        let f = self.function_entry(spec, Entry::Count)?;
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1, 1, 1),
@@ -540,7 +541,7 @@ impl CudaDevice {
                 }
                 (self.function(spec)?, blocks as u32, s.raw())
             }
-            None => (self.function_suffixed(spec, "one_block")?, 1, 0u64),
+            None => (self.function_entry(spec, Entry::OneBlock)?, 1, 0u64),
         };
         let cfg = LaunchConfig {
             grid_dim: (grid_x, rows as u32, 1),

@@ -375,6 +375,7 @@ impl<B: Backend> AttentionLayer<B> {
 mod tests {
     use super::*;
     use crate::backend::cpu::CpuBackend;
+    use crate::backend::{Ops, Runtime};
     use crate::ops::qdot::random_weights;
     use crate::quant::GgmlType;
     use crate::weights::{Scales, TensorFormat, TensorRef};

@@ -7,6 +7,7 @@
 //! what a failed pass leaves (undone where the state is only rewritten, else the session needs
 //! a rewind to 0).
 
+use crate::backend::Runtime;
 use std::sync::Arc;
 
 use crate::backend::{Backend, LogitRows, StepOf, StepPlan};
@@ -43,7 +44,7 @@ pub trait Decoder: Send + Sync + 'static {
         &self,
         step: &StepOf<Self::B>,
         state: &mut Self::State,
-    ) -> R<StepOutput<<Self::B as Backend>::Tensor>>;
+    ) -> R<StepOutput<<Self::B as Runtime>::Tensor>>;
     /// Make `state`, holding `len` positions, hold only the first `n`; `ModelError::Rewind`
     /// where it cannot.
     fn rewind(&self, state: &mut Self::State, len: usize, n: usize) -> R<()>;
@@ -61,7 +62,7 @@ pub trait Decoder: Send + Sync + 'static {
     fn written(&self, _state: &mut Self::State, _end: usize) {}
 }
 
-type Tensor<D> = <<D as Decoder>::B as Backend>::Tensor;
+type Tensor<D> = <<D as Decoder>::B as Runtime>::Tensor;
 
 /// One sequence on decoder `D`.
 pub struct DecoderSession<D: Decoder> {

@@ -6,6 +6,7 @@
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cuda::{CudaError, DevPtr, Kern, NormWeightPtr};
+use crate::kernels::Entry;
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::qdot::quantize_q8_1;
 use crate::ops::{rms_norm, NormWeight};
@@ -110,7 +111,7 @@ impl KernelCheck for AddRmsNormCheck {
             // the __bf16 entry (prefill: the GEMM's bf16 copy of y) on the same inputs into
             // fresh outputs: s and y bit for bit the main entry's, y16 exactly bf16(y)
             if !side {
-                let e = dev.kern_entry(&kern, "bf16")?;
+                let e = dev.kern_entry(&kern, Entry::Bf16)?;
                 let (ds2, dy2) = (dev.filled_f32(n, f32::NAN)?, dev.filled_f32(n, f32::NAN)?);
                 let d16 = dev.upload(&vec![0x7fc0u16; n])?;
                 dev.add_rms_norm_bf16_ptr(

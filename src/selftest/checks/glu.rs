@@ -7,6 +7,7 @@
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use super::add_rmsnorm::side_car_cmp;
 use crate::backend::cuda::{CudaError, DevPtr, GluShape, Kern};
+use crate::kernels::Entry;
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::{geglu, swiglu};
 use crate::quant::bf16_to_f32;
@@ -117,7 +118,7 @@ impl KernelCheck for GluCheck {
         // The multi-row entry (`__vec`, float4): contiguous operands with and without the bf16
         // copy, and the fused [rows, 2 * cols] halves; out against the reference, the bf16
         // copy exactly bf16(out) (round to nearest even, as cast_bf16).
-        let ve = cx.dev.kern_entry(&kern, "vec")?;
+        let ve = cx.dev.kern_entry(&kern, Entry::Vec)?;
         for &(rows, cols, fused, with16) in &[
             (12usize, 15_360usize, false, true),
             (9, 1000, true, true),

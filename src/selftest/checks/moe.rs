@@ -16,6 +16,7 @@
 //!   weights for the GEMM) within the check's bound, and against the CPU backend's `moe` (f32)
 //!   within [`E2E_CPU_BOUND`] (an error otherwise).
 
+use crate::backend::{Ops, Runtime};
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
@@ -25,7 +26,7 @@ use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, M
 use crate::backend::cpu::{route, CpuBackend};
 use crate::backend::cuda::moe::{moe_dims, moe_path, MoePath};
 use crate::backend::cuda::{CudaError, DevPtr, GpuWeight, MoeGemvArgs, Pool};
-use crate::backend::{Activation, Backend, MoeParams};
+use crate::backend::{Activation, MoeParams};
 use crate::kernels::{BatchBucket, HeadDim, KernelKey, KernelSpec, Op, Quant};
 use crate::ops::qdot::{dequantize_q8_1, gemv_ref, quantize_q8_1, random_weights};
 use crate::quant::GgmlType;

@@ -16,6 +16,7 @@
 //! Bound 2e-4 for all three (as `moe_gemv`: f32 accumulation vs an f64 reference over the same
 //! int8 activations); a wrong id, row, slot or side-car byte is >= 1e-2.
 
+use crate::kernels::Entry;
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -212,7 +213,7 @@ fn router_norm_case(
     let pool = pool(cx);
     let kn = Kern {
         spec,
-        f: cx.dev.function_suffixed(spec, "norm")?,
+        f: cx.dev.function_entry(spec, Entry::Norm)?,
     };
     let a = uniform(&mut cx.rng, k, -2.0, 2.0);
     let b = uniform(&mut cx.rng, k, -1.0, 1.0);

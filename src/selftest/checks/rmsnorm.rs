@@ -7,6 +7,7 @@ use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, M
 use super::add_rmsnorm::side_car_cmp;
 use crate::backend::cuda::{rms_norm_rows_suffix, CudaError, DevPtr, Kern, NormWeightPtr};
 use crate::backend::Norm;
+use crate::kernels::Entry;
 use crate::kernels::{KernelKey, KernelSpec, Op};
 use crate::ops::{rms_norm, NormWeight};
 
@@ -160,7 +161,7 @@ impl KernelCheck for RmsNormCheck {
             let mut want = vec![0f32; x.len()];
             rms_norm(&x, NormWeight::None, eps, dim, &mut want);
             let dx = cx.dev.upload(&x)?;
-            let e = cx.dev.kern_entry(&kern, "warp4")?;
+            let e = cx.dev.kern_entry(&kern, Entry::Warp4)?;
             let px = DevPtr::of(&dx);
             cx.dev
                 .rms_norm_rows_ptr(&e, px, NormWeightPtr::None, px, eps, dim)?;

@@ -10,6 +10,7 @@ use super::super::types::{Bf16Side, GpuTensor, GpuWeight, Q8Side};
 use super::linear::{slice, sub};
 use super::CudaBackend;
 use crate::backend::{Activation, BackendError, Norm, Result, Rope, StepOf};
+use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};
 
 fn shape(op: &'static str, detail: String) -> BackendError {
@@ -221,7 +222,7 @@ impl CudaBackend {
         if !glu_vec_ok(gate, up, y.ptr(), cols, strides) {
             return Ok(None);
         }
-        let e = self.kern_entry(op, Quant::F32, "vec")?;
+        let e = self.kern_entry(op, Quant::F32, Entry::Vec)?;
         let side = Bf16Side {
             buf: self.pool.alloc(rows * cols * 2)?,
             len: rows * cols,

@@ -17,6 +17,7 @@ use super::super::launch_ptr::NormWeightPtr;
 use super::super::types::{Bf16Side, GpuKvCache, GpuTensor, Q8Side};
 use super::CudaBackend;
 use crate::backend::{attn_prep_composed, AttnPrep, BackendError, Norm, PostNorm, Result, StepOf};
+use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};
 
 fn shape(op: &'static str, detail: String) -> BackendError {
@@ -96,7 +97,7 @@ impl CudaBackend {
         };
         // many rows of a whole-row norm feed a prefill GEMM: write their bf16 copy too
         if h.rows >= PREFILL_MIN_ROWS && dim == h.cols {
-            let e = self.kern_entry(Op::AddRmsNorm, Quant::F32, "bf16")?;
+            let e = self.kern_entry(Op::AddRmsNorm, Quant::F32, Entry::Bf16)?;
             let side = Bf16Side {
                 buf: self.pool.alloc(h.len() * 2)?,
                 len: h.len(),

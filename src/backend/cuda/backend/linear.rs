@@ -18,6 +18,7 @@ use super::super::types::{GpuTensor, GpuWeight, Q8Ptrs, Q8Side};
 use super::super::weight_block;
 use super::CudaBackend;
 use crate::backend::{BackendError, Result};
+use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};
 
 /// Most outputs of a bf16 projection that prefill runs on CUDA cores in f32 (`gemm_f32`) instead
@@ -241,7 +242,7 @@ impl CudaBackend {
             return None;
         }
         let e = self
-            .kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "glu")
+            .kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, Entry::Glu)
             .ok()?;
         self.dev
             .gemv_glu_warps(&e, (ff / 32) as u32, self.sms)

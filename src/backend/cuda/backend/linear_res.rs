@@ -27,6 +27,7 @@ use super::CudaBackend;
 use crate::backend::{
     linear_add_rms_norm_then_composed, Activation, BackendError, Norm, NormNext, Result,
 };
+use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};
 
 /// `FUCINA_DEFER_NORM` (read once; for A/B runs): `0` never defers, `1` defers wherever the
@@ -166,7 +167,7 @@ impl CudaBackend {
             }
             views.push(cv);
         }
-        let Ok(res) = self.kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, "res") else {
+        let Ok(res) = self.kern_entry_at(Op::Gemv, v.quant, BatchBucket::B1, Entry::Res) else {
             return Ok(None);
         };
         let warps = res_launch_warps(res.kern.spec, k);
@@ -177,7 +178,7 @@ impl CudaBackend {
             };
             let blocks = gemv_default_grid(k.spec, cv.rows, self.sms) as usize;
             let suffix = if self.rs_wide(cv.quant, n, blocks) {
-                "rsw"
+                Entry::Rsw
             } else {
                 rs_suffix(k.spec, cv.rows, self.sms)
             };
@@ -285,7 +286,7 @@ impl CudaBackend {
                 crate::tuning::get().rsqv
                     && self
                         .kern(Op::Gemv, Quant::Q6KR, BatchBucket::B1)
-                        .is_ok_and(|k| rs_suffix(k.spec, b.rows, self.sms) == "rs")
+                        .is_ok_and(|k| rs_suffix(k.spec, b.rows, self.sms) == Entry::Rs)
             }
         };
         if !on {
@@ -294,9 +295,9 @@ impl CudaBackend {
         let spec = self.kern(Op::Gemv, Quant::Q4KR, BatchBucket::B1).ok()?.spec;
         let blocks = rsqv_blocks(spec, b.rows, a.rows);
         let suffix = if self.rs_wide(Quant::Q4KR, a.cols, blocks) {
-            "rsqvw"
+            Entry::Rsqvw
         } else {
-            "rsqv"
+            Entry::Rsqv
         };
         self.kern_entry_at(Op::Gemv, Quant::Q4KR, BatchBucket::B1, suffix)
             .ok()
@@ -344,7 +345,7 @@ impl CudaBackend {
         }
         self.glu_entry(k, gv)?;
         let e = self
-            .kern_entry_at(Op::Gemv, gv.quant, BatchBucket::B1, "glurs")
+            .kern_entry_at(Op::Gemv, gv.quant, BatchBucket::B1, Entry::Glurs)
             .ok()?;
         self.dev
             .gemv_glu_warps(&e, (gv.rows / 64) as u32, self.sms)

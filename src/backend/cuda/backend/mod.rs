@@ -33,10 +33,10 @@ use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
 use super::CudaDevice;
 use crate::backend::cuda::CudaSamplerState;
 use crate::backend::{
-    Activation, AttnParams, AttnPrep, Backend, BackendError, KvShape, MoeParams, Norm, PostNorm,
-    RecordedStep, Result, Rope, Step, StepOf, StepPlan,
+    Activation, AttnParams, AttnPrep, BackendError, Fused, KvShape, MoeParams, Norm, Ops, PostNorm,
+    RecordedStep, Result, Rope, Runtime, Sampling, Step, StepOf, StepPlan,
 };
-use crate::kernels::{BatchBucket, Op, Quant};
+use crate::kernels::{BatchBucket, Entry, Op, Quant};
 use crate::weights::TensorRef;
 
 pub use step::GpuStep;
@@ -48,7 +48,7 @@ pub fn attn_q8_enabled() -> bool {
 }
 
 /// (op, quant, batch bucket, entry suffix) of a secondary kernel entry.
-type EntryKey = (Op, Quant, BatchBucket, &'static str);
+type EntryKey = (Op, Quant, BatchBucket, Entry);
 
 /// The CUDA backend: a device, its memory pool and the options the models' ops need.
 pub struct CudaBackend {
@@ -231,29 +231,24 @@ impl CudaBackend {
         Ok(k)
     }
 
-    /// The entry `__<suffix>` of the (op, quant) instance, loaded once.
-    pub(crate) fn kern_entry(
-        &self,
-        op: Op,
-        quant: Quant,
-        suffix: &'static str,
-    ) -> Result<KernEntry> {
-        self.kern_entry_at(op, quant, BatchBucket::Any, suffix)
+    /// The entry `entry` of the (op, quant) instance, loaded once.
+    pub(crate) fn kern_entry(&self, op: Op, quant: Quant, entry: Entry) -> Result<KernEntry> {
+        self.kern_entry_at(op, quant, BatchBucket::Any, entry)
     }
 
-    /// The entry `__<suffix>` of the (op, quant, batch) instance, loaded once.
+    /// The entry `entry` of the (op, quant, batch) instance, loaded once.
     pub(crate) fn kern_entry_at(
         &self,
         op: Op,
         quant: Quant,
         batch: BatchBucket,
-        suffix: &'static str,
+        entry: Entry,
     ) -> Result<KernEntry> {
-        let key = (op, quant, batch, suffix);
+        let key = (op, quant, batch, entry);
         if let Some(k) = lock(&self.kernels_entry).get(&key) {
             return Ok(k.clone());
         }
-        let k = self.dev.kern_entry(&self.kern(op, quant, batch)?, suffix)?;
+        let k = self.dev.kern_entry(&self.kern(op, quant, batch)?, entry)?;
         lock(&self.kernels_entry).insert(key, k.clone());
         Ok(k)
     }
@@ -269,11 +264,13 @@ fn gdn_unsupported(op: &'static str) -> BackendError {
     }
 }
 
-impl Backend for CudaBackend {
+impl Runtime for CudaBackend {
     type Tensor = GpuTensor;
+
     type Weight = GpuWeight;
+
     type KvCache = GpuKvCache;
-    type SamplerState = CudaSamplerState;
+
     type StepData = GpuStep;
 
     fn step(&self, plan: StepPlan) -> Result<StepOf<Self>> {
@@ -306,90 +303,6 @@ impl Backend for CudaBackend {
             }
             Need::Nvfp4Weights => "NVFP4 weights have no CUDA kernels yet".to_string(),
         })
-    }
-
-    fn sampler_new(
-        &self,
-        params: &crate::sampling::SamplingParams,
-        prompt: &[u32],
-        vocab: usize,
-    ) -> Result<CudaSamplerState> {
-        self.sampler_new_impl(params, prompt, vocab)
-    }
-
-    fn sampler_accept(&self, state: &mut CudaSamplerState, id: u32) -> Result<()> {
-        self.sampler_accept_impl(state, id)
-    }
-
-    fn sample(
-        &self,
-        logits: GpuTensor,
-        state: &mut CudaSamplerState,
-        banned: &[u32],
-    ) -> Result<u32> {
-        self.sample_impl(logits, state, banned)
-    }
-
-    fn add_rms_norm_moe_routed(
-        &self,
-        h: &GpuTensor,
-        y: &GpuTensor,
-        w: Norm<'_, GpuTensor>,
-        eps: f32,
-        router: &GpuWeight,
-        gate: &GpuWeight,
-        up: &GpuWeight,
-        down: &GpuWeight,
-        p: &MoeParams,
-    ) -> Result<Option<(GpuTensor, GpuTensor)>> {
-        self.add_rms_norm_moe_impl(h, y, w, eps, router, gate, up, down, p)
-    }
-
-    fn sample_begin(
-        &self,
-        logits: &GpuTensor,
-        state: &mut CudaSamplerState,
-        banned: &[u32],
-        feed: Option<(&mut StepOf<Self>, usize)>,
-    ) -> Result<bool> {
-        let feed = match feed {
-            Some(_) if self.dev.capturing() => {
-                return Err(BackendError::Device(
-                    "a draw cannot feed a step while recording".into(),
-                ))
-            }
-            Some((step, p)) => {
-                let pos = i32::try_from(p).map_err(|_| BackendError::Shape {
-                    op: "sample_begin",
-                    detail: format!("position {p} exceeds i32"),
-                })?;
-                Some((step, p, pos))
-            }
-            None => None,
-        };
-        // the draw hands its id and the next position straight to the step's buffer, or
-        // stream-ordered copies do after it
-        let handover = handover_enabled();
-        let slot = match &feed {
-            Some((step, _, pos)) if handover => Some((step.dev().feed_slot()?, *pos)),
-            _ => None,
-        };
-        if !self.sample_begin_impl(logits, state, banned, slot)? {
-            return Ok(false);
-        }
-        if let Some((step, p, pos)) = feed {
-            if !handover {
-                let src = CudaBackend::sampled_id_ptr(state);
-                step.dev().feed_from(&self.pool, src, pos)?;
-            }
-            let (plan, _) = step.parts_mut();
-            *plan = StepPlan::fed(p)?;
-        }
-        Ok(true)
-    }
-
-    fn sample_finish(&self, state: &mut CudaSamplerState) -> Result<u32> {
-        self.sample_finish_impl(state)
     }
 
     fn record_begin(&self, _step: &StepOf<Self>) -> Result<bool> {
@@ -491,6 +404,18 @@ impl Backend for CudaBackend {
         Ok(t)
     }
 
+    fn kv_cache(&self, shape: KvShape) -> Result<GpuKvCache> {
+        Ok(self.dev.kv_cache_new(&self.pool, shape, self.kv_type)?)
+    }
+
+    fn kv_truncate(&self, cache: &mut GpuKvCache, len: usize) -> Result<()> {
+        // positions beyond `len` are simply overwritten by later writes
+        cache.len = len;
+        Ok(())
+    }
+}
+
+impl Ops for CudaBackend {
     fn embed(&self, table: &GpuWeight, step: &StepOf<Self>, scale: f32) -> Result<GpuTensor> {
         self.embed_impl(table, step, scale)
     }
@@ -509,32 +434,6 @@ impl Backend for CudaBackend {
 
     fn scale(&self, a: &GpuTensor, s: f32) -> Result<GpuTensor> {
         self.scale_impl(a, s)
-    }
-
-    fn glu_fused(&self, x: &GpuTensor, act: Activation) -> Result<GpuTensor> {
-        self.glu_fused_impl(x, act)
-    }
-
-    fn linear_add_rms_norm_then(
-        &self,
-        x: &GpuTensor,
-        w: &GpuWeight,
-        h: &GpuTensor,
-        norm: Norm<'_, GpuTensor>,
-        eps: f32,
-        next: &crate::backend::NormNext<'_, GpuWeight>,
-    ) -> Result<(GpuTensor, Vec<GpuTensor>)> {
-        self.linear_add_rms_norm_then_impl(x, w, h, norm, eps, next)
-    }
-    fn defers_norm(
-        &self,
-        w: &GpuWeight,
-        next: &crate::backend::NormNext<'_, GpuWeight>,
-    ) -> Result<bool> {
-        self.defers_norm_impl(w, next)
-    }
-    fn linear_glu(&self, x: &GpuTensor, w: &GpuWeight, act: Activation) -> Result<GpuTensor> {
-        self.linear_glu_impl(x, w, act)
     }
 
     fn glu(&self, gate: &GpuTensor, up: &GpuTensor, act: Activation) -> Result<GpuTensor> {
@@ -578,6 +477,174 @@ impl Backend for CudaBackend {
         dim: usize,
     ) -> Result<GpuTensor> {
         self.rms_norm_impl(x, w, eps, dim)
+    }
+
+    fn l2_norm(&self, x: &GpuTensor, eps: f32, dim: usize) -> Result<GpuTensor> {
+        self.l2_norm_impl(x, eps, dim)
+    }
+
+    fn rope(
+        &self,
+        x: &GpuTensor,
+        n_heads: usize,
+        step: &StepOf<Self>,
+        rope: &Rope,
+    ) -> Result<GpuTensor> {
+        self.rope_impl(x, n_heads, step, rope)
+    }
+
+    fn kv_write(
+        &self,
+        cache: &mut GpuKvCache,
+        step: &StepOf<Self>,
+        k: &GpuTensor,
+        v: &GpuTensor,
+    ) -> Result<()> {
+        let width = cache.shape.n_kv_heads * cache.shape.head_dim;
+        if k.rows != v.rows || k.cols != width || v.cols != width {
+            return Err(BackendError::Shape {
+                op: "kv_write",
+                detail: format!(
+                    "k [{}, {}] / v [{}, {}] for {} heads x {}",
+                    k.rows, k.cols, v.rows, v.cols, cache.shape.n_kv_heads, cache.shape.head_dim
+                ),
+            });
+        }
+        if k.rows == 0 {
+            return Ok(());
+        }
+        let seq = step.plan().seq_of("kv_write", k.rows)?;
+        let pos = step.dev().positions("kv_write", k.rows)?;
+        self.dev.kv_write(cache, pos, k.ptr(), v.ptr(), k.rows)?;
+        cache.len = cache.len.max(seq.pos0 + k.rows);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &GpuTensor,
+        cache: &GpuKvCache,
+        step: &StepOf<Self>,
+        p: &AttnParams,
+    ) -> Result<GpuTensor> {
+        self.attention_impl(q, cache, step, p)
+    }
+
+    fn moe(
+        &self,
+        x: &GpuTensor,
+        router_logits: &GpuTensor,
+        gate: &GpuWeight,
+        up: &GpuWeight,
+        down: &GpuWeight,
+        p: &MoeParams,
+    ) -> Result<GpuTensor> {
+        if router_logits.rows != x.rows || router_logits.cols != p.n_experts {
+            return Err(BackendError::Shape {
+                op: "moe",
+                detail: format!(
+                    "router logits [{}, {}] for {} rows and {} experts",
+                    router_logits.rows, router_logits.cols, x.rows, p.n_experts
+                ),
+            });
+        }
+        let buf = self.dev.moe(
+            &self.pool,
+            x.ptr(),
+            x.rows,
+            router_logits.ptr(),
+            gate,
+            up,
+            down,
+            p,
+        )?;
+        if buf.bytes() < x.len() * 4 {
+            return Err(BackendError::Device(format!(
+                "moe returned {} bytes for [{}, {}]",
+                buf.bytes(),
+                x.rows,
+                x.cols
+            )));
+        }
+        Ok(GpuTensor::new(buf, x.rows, x.cols))
+    }
+
+    fn causal_conv1d_silu(
+        &self,
+        _x: &GpuTensor,
+        _w: &GpuWeight,
+        _state: &mut GpuTensor,
+    ) -> Result<GpuTensor> {
+        Err(gdn_unsupported("causal_conv1d_silu"))
+    }
+
+    fn gdn_gates(
+        &self,
+        _a: &GpuTensor,
+        _b: &GpuTensor,
+        _neg_a: &GpuTensor,
+        _dt_bias: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        Err(gdn_unsupported("gdn_gates"))
+    }
+
+    fn gated_delta_rule(
+        &self,
+        _q: &GpuTensor,
+        _k: &GpuTensor,
+        _v: &GpuTensor,
+        _g: &GpuTensor,
+        _beta: &GpuTensor,
+        _state: &mut GpuTensor,
+        _dk: usize,
+        _dv: usize,
+    ) -> Result<GpuTensor> {
+        Err(gdn_unsupported("gated_delta_rule"))
+    }
+}
+
+impl Fused for CudaBackend {
+    fn add_rms_norm_moe_routed(
+        &self,
+        h: &GpuTensor,
+        y: &GpuTensor,
+        w: Norm<'_, GpuTensor>,
+        eps: f32,
+        router: &GpuWeight,
+        gate: &GpuWeight,
+        up: &GpuWeight,
+        down: &GpuWeight,
+        p: &MoeParams,
+    ) -> Result<Option<(GpuTensor, GpuTensor)>> {
+        self.add_rms_norm_moe_impl(h, y, w, eps, router, gate, up, down, p)
+    }
+
+    fn glu_fused(&self, x: &GpuTensor, act: Activation) -> Result<GpuTensor> {
+        self.glu_fused_impl(x, act)
+    }
+
+    fn linear_add_rms_norm_then(
+        &self,
+        x: &GpuTensor,
+        w: &GpuWeight,
+        h: &GpuTensor,
+        norm: Norm<'_, GpuTensor>,
+        eps: f32,
+        next: &crate::backend::NormNext<'_, GpuWeight>,
+    ) -> Result<(GpuTensor, Vec<GpuTensor>)> {
+        self.linear_add_rms_norm_then_impl(x, w, h, norm, eps, next)
+    }
+
+    fn defers_norm(
+        &self,
+        w: &GpuWeight,
+        next: &crate::backend::NormNext<'_, GpuWeight>,
+    ) -> Result<bool> {
+        self.defers_norm_impl(w, next)
+    }
+
+    fn linear_glu(&self, x: &GpuTensor, w: &GpuWeight, act: Activation) -> Result<GpuTensor> {
+        self.linear_glu_impl(x, w, act)
     }
 
     fn add_rms_norm(
@@ -626,106 +693,6 @@ impl Backend for CudaBackend {
         self.linear_attn_prep_impl(x, w, cache, step, p)
     }
 
-    fn l2_norm(&self, x: &GpuTensor, eps: f32, dim: usize) -> Result<GpuTensor> {
-        self.l2_norm_impl(x, eps, dim)
-    }
-
-    fn rope(
-        &self,
-        x: &GpuTensor,
-        n_heads: usize,
-        step: &StepOf<Self>,
-        rope: &Rope,
-    ) -> Result<GpuTensor> {
-        self.rope_impl(x, n_heads, step, rope)
-    }
-
-    fn kv_cache(&self, shape: KvShape) -> Result<GpuKvCache> {
-        Ok(self.dev.kv_cache_new(&self.pool, shape, self.kv_type)?)
-    }
-
-    fn kv_write(
-        &self,
-        cache: &mut GpuKvCache,
-        step: &StepOf<Self>,
-        k: &GpuTensor,
-        v: &GpuTensor,
-    ) -> Result<()> {
-        let width = cache.shape.n_kv_heads * cache.shape.head_dim;
-        if k.rows != v.rows || k.cols != width || v.cols != width {
-            return Err(BackendError::Shape {
-                op: "kv_write",
-                detail: format!(
-                    "k [{}, {}] / v [{}, {}] for {} heads x {}",
-                    k.rows, k.cols, v.rows, v.cols, cache.shape.n_kv_heads, cache.shape.head_dim
-                ),
-            });
-        }
-        if k.rows == 0 {
-            return Ok(());
-        }
-        let seq = step.plan().seq_of("kv_write", k.rows)?;
-        let pos = step.dev().positions("kv_write", k.rows)?;
-        self.dev.kv_write(cache, pos, k.ptr(), v.ptr(), k.rows)?;
-        cache.len = cache.len.max(seq.pos0 + k.rows);
-        Ok(())
-    }
-
-    fn attention(
-        &self,
-        q: &GpuTensor,
-        cache: &GpuKvCache,
-        step: &StepOf<Self>,
-        p: &AttnParams,
-    ) -> Result<GpuTensor> {
-        self.attention_impl(q, cache, step, p)
-    }
-
-    fn kv_truncate(&self, cache: &mut GpuKvCache, len: usize) -> Result<()> {
-        // positions beyond `len` are simply overwritten by later writes
-        cache.len = len;
-        Ok(())
-    }
-
-    fn moe(
-        &self,
-        x: &GpuTensor,
-        router_logits: &GpuTensor,
-        gate: &GpuWeight,
-        up: &GpuWeight,
-        down: &GpuWeight,
-        p: &MoeParams,
-    ) -> Result<GpuTensor> {
-        if router_logits.rows != x.rows || router_logits.cols != p.n_experts {
-            return Err(BackendError::Shape {
-                op: "moe",
-                detail: format!(
-                    "router logits [{}, {}] for {} rows and {} experts",
-                    router_logits.rows, router_logits.cols, x.rows, p.n_experts
-                ),
-            });
-        }
-        let buf = self.dev.moe(
-            &self.pool,
-            x.ptr(),
-            x.rows,
-            router_logits.ptr(),
-            gate,
-            up,
-            down,
-            p,
-        )?;
-        if buf.bytes() < x.len() * 4 {
-            return Err(BackendError::Device(format!(
-                "moe returned {} bytes for [{}, {}]",
-                buf.bytes(),
-                x.rows,
-                x.cols
-            )));
-        }
-        Ok(GpuTensor::new(buf, x.rows, x.cols))
-    }
-
     fn moe_routed(
         &self,
         x: &GpuTensor,
@@ -741,38 +708,78 @@ impl Backend for CudaBackend {
         let logits = self.linear(x, router)?;
         self.moe(x, &logits, gate, up, down, p)
     }
+}
 
-    fn causal_conv1d_silu(
+impl Sampling for CudaBackend {
+    type SamplerState = CudaSamplerState;
+
+    fn sampler_new(
         &self,
-        _x: &GpuTensor,
-        _w: &GpuWeight,
-        _state: &mut GpuTensor,
-    ) -> Result<GpuTensor> {
-        Err(gdn_unsupported("causal_conv1d_silu"))
+        params: &crate::sampling::SamplingParams,
+        prompt: &[u32],
+        vocab: usize,
+    ) -> Result<CudaSamplerState> {
+        self.sampler_new_impl(params, prompt, vocab)
     }
 
-    fn gdn_gates(
-        &self,
-        _a: &GpuTensor,
-        _b: &GpuTensor,
-        _neg_a: &GpuTensor,
-        _dt_bias: &GpuTensor,
-    ) -> Result<(GpuTensor, GpuTensor)> {
-        Err(gdn_unsupported("gdn_gates"))
+    fn sampler_accept(&self, state: &mut CudaSamplerState, id: u32) -> Result<()> {
+        self.sampler_accept_impl(state, id)
     }
 
-    fn gated_delta_rule(
+    fn sample(
         &self,
-        _q: &GpuTensor,
-        _k: &GpuTensor,
-        _v: &GpuTensor,
-        _g: &GpuTensor,
-        _beta: &GpuTensor,
-        _state: &mut GpuTensor,
-        _dk: usize,
-        _dv: usize,
-    ) -> Result<GpuTensor> {
-        Err(gdn_unsupported("gated_delta_rule"))
+        logits: GpuTensor,
+        state: &mut CudaSamplerState,
+        banned: &[u32],
+    ) -> Result<u32> {
+        self.sample_impl(logits, state, banned)
+    }
+
+    fn sample_begin(
+        &self,
+        logits: &GpuTensor,
+        state: &mut CudaSamplerState,
+        banned: &[u32],
+        feed: Option<(&mut StepOf<Self>, usize)>,
+    ) -> Result<bool> {
+        let feed = match feed {
+            Some(_) if self.dev.capturing() => {
+                return Err(BackendError::Device(
+                    "a draw cannot feed a step while recording".into(),
+                ))
+            }
+            Some((step, p)) => {
+                let pos = i32::try_from(p).map_err(|_| BackendError::Shape {
+                    op: "sample_begin",
+                    detail: format!("position {p} exceeds i32"),
+                })?;
+                Some((step, p, pos))
+            }
+            None => None,
+        };
+        // the draw hands its id and the next position straight to the step's buffer, or
+        // stream-ordered copies do after it
+        let handover = handover_enabled();
+        let slot = match &feed {
+            Some((step, _, pos)) if handover => Some((step.dev().feed_slot()?, *pos)),
+            _ => None,
+        };
+        if !self.sample_begin_impl(logits, state, banned, slot)? {
+            return Ok(false);
+        }
+        if let Some((step, p, pos)) = feed {
+            if !handover {
+                let src = CudaBackend::sampled_id_ptr(state);
+                step.dev().feed_from(&self.pool, src, pos)?;
+            }
+            let (plan, _) = step.parts_mut();
+            *plan = StepPlan::fed(p)?;
+        }
+        Ok(true)
+    }
+
+    fn sample_finish(&self, state: &mut CudaSamplerState) -> Result<u32> {
+        self.sample_finish_impl(state)
     }
 }
 

@@ -11,6 +11,7 @@ use super::super::moe_decode::{decode_quants, MoeDecodeIn, MoeDecodeKerns, MOE_D
 use super::super::types::{GpuTensor, GpuWeight};
 use super::CudaBackend;
 use crate::backend::{BackendError, MoeParams, Norm, Result};
+use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};
 
 /// Whether the fused decode MoE path is on (`FUCINA_MOE_FUSED=0` turns it off).
@@ -184,7 +185,7 @@ impl CudaBackend {
         ) else {
             return Ok(None);
         };
-        let Ok(f) = self.dev.function_suffixed(rk.spec, "norm") else {
+        let Ok(f) = self.dev.function_entry(rk.spec, Entry::Norm) else {
             return Ok(None);
         };
         let kerns = MoeDecodeKerns {

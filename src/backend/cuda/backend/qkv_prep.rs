@@ -13,6 +13,7 @@ use super::super::launch_qkvp::{QkvPrepArgs, QKVP_HEAD_DIM};
 use super::super::types::{GpuKvCache, GpuTensor, GpuWeight};
 use super::CudaBackend;
 use crate::backend::{AttnPrep, Result, StepOf};
+use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};
 
 impl CudaBackend {
@@ -57,7 +58,7 @@ impl CudaBackend {
             return Ok(None);
         }
         // loaded once; an instance without the entry (before sm_90) fails to load it
-        let Ok(e) = self.kern_entry_at(Op::Gemv, Quant::Q4_0R, BatchBucket::B1, "qkvp") else {
+        let Ok(e) = self.kern_entry_at(Op::Gemv, Quant::Q4_0R, BatchBucket::B1, Entry::Qkvp) else {
             return Ok(None);
         };
         let pos0 = step.plan().seq_of("linear_attn_prep", 1)?.pos0;
