@@ -47,10 +47,16 @@ pub(crate) fn step_image(plan: &StepPlan) -> Result<Vec<i32>, CudaError> {
 }
 
 impl GpuStep {
-    /// Upload `plan` into a new buffer.
+    /// Upload `plan` into a new buffer: a one-row step (a session's decode step, what a
+    /// recording reads for its whole life) gets a buffer of its own from the driver, as the
+    /// decode step's buffer always had; a longer one (a prompt pass) a pooled buffer.
     pub fn new(pool: &Arc<Pool>, plan: &StepPlan) -> Result<GpuStep, CudaError> {
         let image = step_image(plan)?;
-        let buf = pool.upload(&image)?;
+        let buf = if plan.rows() == 1 {
+            pool.upload_persistent(&image)?
+        } else {
+            pool.upload(&image)?
+        };
         Ok(GpuStep {
             buf,
             rows: plan.rows(),
