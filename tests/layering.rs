@@ -141,3 +141,102 @@ fn crate_paths_are_found() {
         vec!["backend".to_string()]
     );
 }
+
+/// The modules of one folder (`src/backend/cuda`'s files) that `text` names as
+/// `super::<module>` or `crate::backend::cuda::<module>`.
+fn sibling_refs(text: &str, modules: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for pat in ["super::", "crate::backend::cuda::"] {
+        let mut rest = text;
+        while let Some(at) = rest.find(pat) {
+            let tail = &rest[at + pat.len()..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            let name = &tail[..end];
+            if modules.iter().any(|m| m == name) && !out.iter().any(|o| o == name) {
+                out.push(name.to_string());
+            }
+            rest = &tail[end..];
+        }
+    }
+    out
+}
+
+/// The CUDA backend's launch modules import each other without a loop, so each can be read
+/// (and moved) on its own: the graph of `super::<module>` references between the files of
+/// `src/backend/cuda` is acyclic (`backend/`, the `Backend` implementation on top of them, is
+/// one node).
+#[test]
+fn cuda_modules_have_no_import_loops() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/backend/cuda");
+    let mut files: BTreeMap<String, String> = BTreeMap::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+        if p.extension().is_some_and(|x| x == "rs") && stem != "mod" {
+            files.insert(stem, std::fs::read_to_string(&p).unwrap());
+        }
+    }
+    let modules: Vec<String> = files.keys().cloned().collect();
+    let graph: BTreeMap<String, Vec<String>> = files
+        .iter()
+        .map(|(m, text)| {
+            let refs = sibling_refs(text, &modules)
+                .into_iter()
+                .filter(|r| r != m)
+                .collect();
+            (m.clone(), refs)
+        })
+        .collect();
+    // depth-first search; a grey node reached again closes a loop
+    fn visit(
+        m: &str,
+        g: &BTreeMap<String, Vec<String>>,
+        state: &mut BTreeMap<String, u8>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(m.to_string(), 1);
+        path.push(m.to_string());
+        for n in g.get(m).into_iter().flatten() {
+            match state.get(n) {
+                Some(1) => {
+                    let at = path.iter().position(|p| p == n).unwrap();
+                    let mut cycle = path[at..].to_vec();
+                    cycle.push(n.clone());
+                    return Some(cycle);
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(c) = visit(n, g, state, path) {
+                        return Some(c);
+                    }
+                }
+            }
+        }
+        path.pop();
+        state.insert(m.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for m in graph.keys() {
+        if state.contains_key(m) {
+            continue;
+        }
+        if let Some(c) = visit(m, &graph, &mut state, &mut Vec::new()) {
+            panic!("import loop in src/backend/cuda: {}", c.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn sibling_paths_are_found() {
+    let m = vec!["buf".to_string(), "kv".to_string()];
+    assert_eq!(
+        sibling_refs(
+            "use super::buf::DevBuf; super::kv::f(); super::CudaDevice",
+            &m
+        ),
+        vec!["buf".to_string(), "kv".to_string()]
+    );
+}

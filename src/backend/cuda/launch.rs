@@ -122,7 +122,7 @@ impl CudaDevice {
         let (dim_i, mode_i) = (int(OP, "dim", dim)?, mode as i32);
         let cfg = LaunchConfig {
             grid_dim: (groups, 1, 1),
-            block_dim: (super::launch_ptr::norm_block_threads(spec, dim), 1, 1),
+            block_dim: (norm_block_threads(spec, dim), 1, 1),
             shared_mem_bytes: 0,
         };
         let null = 0u64;
@@ -334,4 +334,17 @@ impl CudaDevice {
         };
         self.resolve(op, Quant::F32, HeadDim::Any, BatchBucket::Any)
     }
+}
+
+/// Threads per block of a norm over groups of `dim` values (`rmsnorm`, `add_rmsnorm`: the two
+/// must agree, so fused and unfused results round alike): whole rows wider than 1024 take up
+/// to 1024 threads, a handful of values each (a one-row decode norm is a latency chain: fewer
+/// values per thread, shorter chain); per-head groups keep 256 (`attn_prep` matches them).
+/// Never more than the instance's `threads` (its launch bound).
+pub(crate) fn norm_block_threads(spec: &KernelSpec, dim: usize) -> u32 {
+    let max = spec.param_u32("threads").unwrap_or(256).max(32);
+    // <= 1024 stays 256: the warp-per-group prefill entries (rmsnorm__warp*, up to 1024
+    // values) sum in the 256-thread order
+    let want = if dim > 1024 { 1024 } else { 256 };
+    want.min(max)
 }

@@ -6,8 +6,8 @@ use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
 use super::error::{drv, CudaError};
-use super::launch_decode::kv_elem_bytes;
 use super::CudaDevice;
+use crate::kernels::Quant;
 use crate::kernels::{KernelSpec, Op};
 
 fn invalid(op: &'static str, detail: String) -> CudaError {
@@ -349,6 +349,16 @@ impl CudaDevice {
         // never reads keys at or past `capacity` and takes every page index modulo ring_pages.
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())
+    }
+}
+
+/// Bytes per cache element of an attention instance's quant (FP8 E4M3: 1, F16: 2; others have
+/// no attention template).
+pub fn kv_elem_bytes(q: Quant) -> Option<usize> {
+    match q {
+        Quant::Fp8E4m3 => Some(1),
+        Quant::F16 => Some(2),
+        _ => None,
     }
 }
 

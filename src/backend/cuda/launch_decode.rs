@@ -6,6 +6,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
 use super::error::{drv, CudaError};
+use super::launch_attn::kv_elem_bytes;
 use super::types::Q8Ptrs;
 use super::CudaDevice;
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
@@ -178,16 +179,6 @@ pub struct AttnScratch {
     pub part_o: CudaSlice<f32>,
     pub part_ml: CudaSlice<f32>,
     pub counters: CudaSlice<u32>,
-}
-
-/// Bytes per cache element of an attention instance's quant (FP8 E4M3: 1, F16: 2; others have
-/// no attention template).
-pub fn kv_elem_bytes(q: Quant) -> Option<usize> {
-    match q {
-        Quant::Fp8E4m3 => Some(1),
-        Quant::F16 => Some(2),
-        _ => None,
-    }
 }
 
 impl CudaDevice {

@@ -10,8 +10,8 @@ use cudarc::driver::LaunchConfig;
 
 use super::buf::DevPtr;
 use super::error::CudaError;
+use super::launch_attn::kv_elem_bytes;
 use super::launch_attn::KvLayout;
-use super::launch_decode::kv_elem_bytes;
 use super::launch_prefill::{attn_prep_rows_suffix, KernEntry};
 use super::launch_ptr::{expect, grid, int, invalid, q8_args, Kern, NormWeightPtr};
 use super::types::Q8Ptrs;
@@ -209,7 +209,7 @@ impl CudaDevice {
         let (qp, dp) = q8_args(OP, q8, n, dim)?;
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, n / dim)?, 1, 1),
-            block_dim: (super::launch_ptr::norm_block_threads(k.spec, dim), 1, 1),
+            block_dim: (super::launch::norm_block_threads(k.spec, dim), 1, 1),
             shared_mem_bytes: 0,
         };
         let (ap, bp, sp, yp, d) = (a.raw(), b.raw(), s.raw(), y.raw(), int(OP, "dim", dim)?);
@@ -270,7 +270,7 @@ impl CudaDevice {
         let (mode, wp) = norm_mode(OP, Some(w.norm), dim)?;
         let (qp, dp) = q8_args(OP, q8, n, dim)?;
         // rmsnorm's block size for this dim: the same reduction order, the same bits
-        let threads = super::launch_ptr::norm_block_threads(k.spec, dim);
+        let threads = super::launch::norm_block_threads(k.spec, dim);
         // chunks: the caller's (at most the values per thread: each chunk stores whole rows of
         // blockDim.x values), else the default split
         let per = dim.div_ceil(threads as usize);

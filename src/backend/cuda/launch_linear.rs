@@ -8,6 +8,7 @@ use cudarc::driver::{sys, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
 use super::error::{drv, CudaError};
+use super::launch_ptr::weight_block;
 use super::launch_ptr::{expect, int, invalid, Kern};
 use super::CudaDevice;
 use crate::kernels::{KernelSpec, Op, Quant};
@@ -21,21 +22,6 @@ fn expect_op(spec: &KernelSpec, op: Op, name: &'static str) -> Result<(), CudaEr
             format!("instance {} is not a {name} kernel", spec.name),
         ))
     }
-}
-
-/// (elements, bytes) of one block of a GEMV/GEMM weight format.
-pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
-    Some(match q {
-        Quant::F32 => (1, 4),
-        Quant::F16 | Quant::Bf16 => (1, 2),
-        Quant::Fp8E4m3 => (1, 1),
-        Quant::Q8_0 | Quant::Q8_0R => (32, 34),
-        Quant::Q4_0 | Quant::Q4_0R => (32, 18),
-        Quant::Q5_0 => (32, 22),
-        Quant::Q4K | Quant::Q4KR => (256, 144),
-        Quant::Q6K | Quant::Q6KR => (256, 210),
-        Quant::NvFp4 => return None,
-    })
 }
 
 /// Default GEMV grid for `sms` multiprocessors: one step of `rows` rows (the instance's `rows`

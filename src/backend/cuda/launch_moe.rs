@@ -9,7 +9,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::buf::DevPtr;
 use super::error::{drv, CudaError};
-use super::launch_linear::weight_block;
+use super::launch_ptr::weight_block;
 use super::CudaDevice;
 use crate::kernels::{KernelSpec, Op, Quant};
 
@@ -478,6 +478,23 @@ impl CudaDevice {
         // (rows-1)*stride+cols floats (checked).
         unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", spec.name)))?;
         Ok(())
+    }
+}
+
+/// The sizes of one MoE call, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeDims {
+    pub n: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub hidden: usize,
+    pub ff: usize,
+    pub out: usize,
+}
+
+impl MoeDims {
+    pub fn pairs(&self) -> usize {
+        self.n * self.top_k
     }
 }
 

@@ -7,8 +7,8 @@ use cudarc::driver::LaunchConfig;
 
 use super::buf::DevPtr;
 use super::error::CudaError;
-use super::launch_linear::weight_block;
 use super::launch_moe::{expert_bytes, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
+use super::launch_ptr::weight_block;
 use super::launch_ptr::{expect, grid, int, invalid, Kern};
 use super::CudaDevice;
 use crate::backend::Activation;

@@ -12,7 +12,6 @@ use cudarc::driver::{sys, CudaFunction, CudaStream, LaunchConfig, PushKernelArg}
 use super::buf::DevPtr;
 use super::error::{drv, CudaError};
 use super::launch::RopeLaunch;
-use super::launch_linear::weight_block;
 use super::types::Q8Ptrs;
 use super::CudaDevice;
 use crate::kernels::{KernelSpec, Op, Quant};
@@ -131,19 +130,6 @@ pub(crate) fn q8_args(
     Ok((q.raw(), ds.raw()))
 }
 
-/// Threads per block of a norm over groups of `dim` values (`rmsnorm`, `add_rmsnorm`: the two
-/// must agree, so fused and unfused results round alike): whole rows wider than 1024 take up
-/// to 1024 threads, a handful of values each (a one-row decode norm is a latency chain: fewer
-/// values per thread, shorter chain); per-head groups keep 256 (`attn_prep` matches them).
-/// Never more than the instance's `threads` (its launch bound).
-pub(crate) fn norm_block_threads(spec: &KernelSpec, dim: usize) -> u32 {
-    let max = spec.param_u32("threads").unwrap_or(256).max(32);
-    // <= 1024 stays 256: the warp-per-group prefill entries (rmsnorm__warp*, up to 1024
-    // values) sum in the 256-thread order
-    let want = if dim > 1024 { 1024 } else { 256 };
-    want.min(max)
-}
-
 /// Blocks of a grid-stride elementwise launch over `n` values (enough to fill a large GPU).
 fn stride_grid(n: usize, threads: usize) -> u32 {
     n.div_ceil(threads).clamp(1, 65_536) as u32
@@ -223,7 +209,7 @@ impl CudaDevice {
         }
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, x.len() / dim)?, 1, 1),
-            block_dim: (norm_block_threads(k.spec, dim), 1, 1),
+            block_dim: (super::launch::norm_block_threads(k.spec, dim), 1, 1),
             shared_mem_bytes: 0,
         };
         let (xp, wp, yp, d) = (x.raw(), wp.raw(), y.raw(), int(OP, "dim", dim)?);
@@ -739,4 +725,19 @@ pub fn copy_2d(
     unsafe { sys::cuMemcpy2DAsync_v2(&cp, stream.cu_stream()) }
         .result()
         .map_err(drv("strided device->device copy"))
+}
+
+/// (elements, bytes) of one block of a GEMV/GEMM weight format.
+pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
+    Some(match q {
+        Quant::F32 => (1, 4),
+        Quant::F16 | Quant::Bf16 => (1, 2),
+        Quant::Fp8E4m3 => (1, 1),
+        Quant::Q8_0 | Quant::Q8_0R => (32, 34),
+        Quant::Q4_0 | Quant::Q4_0R => (32, 18),
+        Quant::Q5_0 => (32, 22),
+        Quant::Q4K | Quant::Q4KR => (256, 144),
+        Quant::Q6K | Quant::Q6KR => (256, 210),
+        Quant::NvFp4 => return None,
+    })
 }

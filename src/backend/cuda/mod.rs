@@ -35,9 +35,12 @@ pub mod moe_grouped;
 mod moe_prefill;
 mod probe;
 mod readback;
-mod sampler;
 pub mod types;
 
+pub use backend::sampler::{
+    kernel_params, sample_scratch_words, CudaSamplerState, SampleHandover, MAX_BANNED,
+    SAMPLE_BLOCK_LOGITS,
+};
 pub use backend::CudaBackend;
 pub use buf::{DevBuf, DevPtr, Pool, PoolStats};
 pub use device::CudaDevice;
@@ -56,20 +59,17 @@ pub use launch_fused::{
 pub use launch_gemm::{chunk_rows, tile_cost, tile_efficiency, GemmPipe, GemmTile, GEMM_PIPE_BK};
 pub use launch_glu::GemvGluArgs;
 pub use launch_linear::{
-    gemv_default_grid, gemv_row_batches, gemv_s2_smem, weight_block, GemvEntry, Q8Activations,
+    gemv_default_grid, gemv_row_batches, gemv_s2_smem, GemvEntry, Q8Activations,
 };
 pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
 pub use launch_moe_fused::{MoeDownArgs, MoeGateUpArgs, MoeRouterArgs, RouterNorm};
 pub use launch_prefill::{
     attn_prep_rows_suffix, glu_vec_ok, rms_norm_rows_suffix, KernEntry, PREFILL_MIN_ROWS,
 };
+pub use launch_ptr::weight_block;
 pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, KernQ8, NormWeightPtr};
 pub use probe::cuda_available;
 pub use readback::TokenReadback;
-pub use sampler::{
-    kernel_params, sample_scratch_words, CudaSamplerState, SampleHandover, MAX_BANNED,
-    SAMPLE_BLOCK_LOGITS,
-};
 pub use types::{Bf16Side, GpuKvCache, GpuTensor, GpuWeight, KvType, Q8Ptrs, Q8Side, WeightView};
 
 pub use cudarc::driver::{CudaSlice, CudaView};

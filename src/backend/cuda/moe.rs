@@ -30,8 +30,9 @@ use std::sync::Arc;
 
 use super::buf::{DevBuf, DevPtr, Pool};
 use super::error::CudaError;
-use super::launch_linear::weight_block;
+pub use super::launch_moe::MoeDims;
 use super::launch_moe::{expert_bytes, MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
+use super::launch_ptr::weight_block;
 use super::types::GpuWeight;
 use super::CudaDevice;
 use crate::backend::MoeParams;
@@ -90,23 +91,6 @@ pub fn moe_path(n: usize, d: &MoeDims, q: [Quant; 3]) -> MoePath {
 
 fn invalid(detail: String) -> CudaError {
     CudaError::Invalid { op: "moe", detail }
-}
-
-/// The sizes of one MoE call, validated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MoeDims {
-    pub n: usize,
-    pub experts: usize,
-    pub top_k: usize,
-    pub hidden: usize,
-    pub ff: usize,
-    pub out: usize,
-}
-
-impl MoeDims {
-    pub fn pairs(&self) -> usize {
-        self.n * self.top_k
-    }
 }
 
 fn is_block(q: Quant) -> bool {

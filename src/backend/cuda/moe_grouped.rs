@@ -24,7 +24,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use super::buf::{DevBuf, DevPtr, Pool};
 use super::error::{drv, CudaError};
 use super::launch_moe::expert_bytes;
-use super::moe::MoeDims;
+use super::launch_moe::MoeDims;
 use super::types::GpuWeight;
 use super::CudaDevice;
 use crate::backend::Activation;

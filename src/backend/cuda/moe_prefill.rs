@@ -11,9 +11,9 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::buf::{memset, read_ptr, DevBuf, DevPtr, Pool};
 use super::error::{drv, CudaError};
-use super::launch_linear::weight_block;
 use super::launch_moe::expert_bytes;
-use super::moe::MoeDims;
+use super::launch_moe::MoeDims;
+use super::launch_ptr::weight_block;
 use super::types::GpuWeight;
 use super::CudaDevice;
 use crate::backend::Activation;

@@ -2,7 +2,8 @@
 //!
 //! Split by concern: `weights.rs` (upload), `linear.rs` (GEMV / GEMM), `elementwise.rs`
 //! (elementwise, shape, norms, RoPE, embedding), `fused.rs` (add + norm, attention input),
-//! `step.rs` (a step's token ids and positions in device memory). KV cache, attention and MoE delegate to `CudaDevice` methods
+//! `step.rs` (a step's token ids and positions in device memory), `sampler.rs` (the
+//! per-sequence sampler and its launches). KV cache, attention and MoE delegate to `CudaDevice` methods
 //! in `kv.rs` / `moe.rs`.
 //!
 //! Everything runs on the device's one stream; ops allocate their outputs from the pool and
@@ -17,6 +18,7 @@ mod linear_pipe;
 mod linear_res;
 mod moe;
 mod qkv_prep;
+pub(super) mod sampler;
 mod step;
 mod weights;
 

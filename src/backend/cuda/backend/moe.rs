@@ -3,8 +3,8 @@
 //! and the weights' formats and shapes fit, else the trait's composition (`linear` for the
 //! router logits, then `moe`). `FUCINA_MOE_FUSED=0` turns the fused path off (read once).
 
-use super::super::launch_linear::weight_block;
 use super::super::launch_moe_fused::RouterNorm;
+use super::super::launch_ptr::weight_block;
 use super::super::launch_ptr::{Kern, NormWeightPtr};
 use super::super::moe::moe_dims;
 use super::super::moe_decode::{decode_quants, MoeDecodeIn, MoeDecodeKerns, MOE_DECODE_MAX_TOKENS};

@@ -15,12 +15,12 @@
 use crate::kernels::Entry;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::backend::CudaBackend;
-use super::buf::{bind, read_ptr, DevBuf, DevPtr};
-use super::error::{drv, CudaError};
-use super::readback::PooledReadback;
-use super::types::GpuTensor;
-use super::CudaDevice;
+use super::super::buf::{bind, read_ptr, DevBuf, DevPtr};
+use super::super::error::{drv, CudaError};
+use super::super::readback::PooledReadback;
+use super::super::types::GpuTensor;
+use super::super::CudaDevice;
+use super::CudaBackend;
 use crate::backend::BackendError;
 use crate::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
 use crate::ops::penalties::{initial_counts, Penalties};
@@ -73,7 +73,7 @@ pub struct SampleHandover {
     /// row only).
     pub feed: Option<(DevPtr<i32>, i32)>,
     /// One i32 per row of page-locked host memory mapped into the device
-    /// ([`super::TokenReadback::device_word`]).
+    /// ([`super::super::TokenReadback::device_word`]).
     pub mirror: Option<DevPtr<i32>>,
 }
 
@@ -217,7 +217,7 @@ impl CudaBackend {
         let mirror = st
             .readback
             .as_ref()
-            .filter(|_| super::backend::handover_enabled())
+            .filter(|_| super::handover_enabled())
             .map(|r| r.device_word());
         self.enqueue_sample(logits, st, banned, SampleHandover { feed, mirror })?;
         let out = st.out.ptr::<i32>();
