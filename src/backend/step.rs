@@ -178,7 +178,7 @@ impl StepPlan {
 #[derive(Debug)]
 pub struct Step<D> {
     plan: StepPlan,
-    pub(crate) dev: D,
+    dev: D,
 }
 
 impl<D> Step<D> {
