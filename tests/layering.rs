@@ -142,20 +142,78 @@ fn crate_paths_are_found() {
     );
 }
 
-/// The modules of one folder (`src/backend/cuda`'s files) that `text` names as
-/// `super::<module>` or `crate::backend::cuda::<module>`.
-fn sibling_refs(text: &str, modules: &[String]) -> Vec<String> {
+/// Every `.rs` file under `dir` (recursively) with its module path relative to `dir`
+/// (`ops::attention::kv`; a folder's `mod.rs` is the folder's path).
+fn module_files(dir: &Path, prefix: &str, out: &mut BTreeMap<String, String>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+        let path = if prefix.is_empty() {
+            stem.clone()
+        } else {
+            format!("{prefix}::{stem}")
+        };
+        if p.is_dir() {
+            module_files(&p, &path, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            let key = if stem == "mod" {
+                prefix.to_string()
+            } else {
+                path
+            };
+            let text = std::fs::read_to_string(&p).unwrap();
+            out.entry(key).or_default().push_str(&text);
+        }
+    }
+}
+
+/// The modules of `modules` (paths below `src/backend/cuda`) that `text`, the text of module
+/// `me`, names: `crate::backend::cuda::<path>` or `super::<path>` (resolved against `me`; a
+/// `super::` inside a `mod tests` is the file itself and names nothing new). A path names the
+/// longest known module it starts with.
+fn module_refs(me: &str, text: &str, modules: &[String]) -> Vec<String> {
+    let code = match text.find("mod tests") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    let parent: Vec<&str> = me.split("::").filter(|s| !s.is_empty()).collect();
+    let parent = &parent[..parent.len().saturating_sub(1)];
     let mut out = Vec::new();
-    for pat in ["super::", "crate::backend::cuda::"] {
-        let mut rest = text;
+    for pat in ["crate::backend::cuda::", "super::"] {
+        let mut rest = code;
         while let Some(at) = rest.find(pat) {
             let tail = &rest[at + pat.len()..];
             let end = tail
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
                 .unwrap_or(tail.len());
-            let name = &tail[..end];
-            if modules.iter().any(|m| m == name) && !out.iter().any(|o| o == name) {
-                out.push(name.to_string());
+            let mut segs: Vec<String> = if pat == "super::" {
+                // `super::super::x` climbs twice
+                let mut base: Vec<&str> = parent.to_vec();
+                let mut path = &tail[..end];
+                while let Some(p) = path.strip_prefix("super::") {
+                    base.pop();
+                    path = p;
+                }
+                base.iter()
+                    .map(|s| s.to_string())
+                    .chain(path.split("::").map(String::from))
+                    .collect()
+            } else {
+                tail[..end].split("::").map(String::from).collect()
+            };
+            while !segs.is_empty() {
+                let cand = segs.join("::");
+                if modules.iter().any(|m| *m == cand) {
+                    if cand != me && !out.contains(&cand) {
+                        out.push(cand);
+                    }
+                    break;
+                }
+                segs.pop();
             }
             rest = &tail[end..];
         }
@@ -163,32 +221,42 @@ fn sibling_refs(text: &str, modules: &[String]) -> Vec<String> {
     out
 }
 
-/// The CUDA backend's launch modules import each other without a loop, so each can be read
-/// (and moved) on its own: the graph of `super::<module>` references between the files of
-/// `src/backend/cuda` is acyclic (`backend/`, the `Backend` implementation on top of them, is
-/// one node).
+/// The CUDA backend's modules import each other without a loop and only downwards: `runtime`
+/// (device, memory, graphs, tensor types, a resolved kernel) names nothing of `ops` or
+/// `backend`, `ops` (one folder per op family) nothing of `backend`, and the graph of module
+/// references between the files of `src/backend/cuda` is acyclic, so each can be read (and
+/// moved) on its own.
 #[test]
 fn cuda_modules_have_no_import_loops() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/backend/cuda");
     let mut files: BTreeMap<String, String> = BTreeMap::new();
-    for e in std::fs::read_dir(&dir).unwrap() {
-        let p = e.unwrap().path();
-        let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
-        if p.extension().is_some_and(|x| x == "rs") && stem != "mod" {
-            files.insert(stem, std::fs::read_to_string(&p).unwrap());
-        }
-    }
+    module_files(&dir, "", &mut files);
+    files.remove(""); // cuda/mod.rs: re-exports only
     let modules: Vec<String> = files.keys().cloned().collect();
     let graph: BTreeMap<String, Vec<String>> = files
         .iter()
         .map(|(m, text)| {
-            let refs = sibling_refs(text, &modules)
+            // a folder's mod.rs declares its children: not a use of them
+            let refs = module_refs(m, text, &modules)
                 .into_iter()
-                .filter(|r| r != m)
+                .filter(|r| !r.starts_with(&format!("{m}::")))
                 .collect();
             (m.clone(), refs)
         })
         .collect();
+    let rank = |m: &str| match m.split("::").next() {
+        Some("runtime") => 0,
+        Some("ops") => 1,
+        _ => 2,
+    };
+    for (m, refs) in &graph {
+        for r in refs {
+            assert!(
+                rank(r) <= rank(m),
+                "src/backend/cuda: {m} names {r}, a module above it (runtime < ops < backend)"
+            );
+        }
+    }
     // depth-first search; a grey node reached again closes a loop
     fn visit(
         m: &str,
@@ -230,13 +298,29 @@ fn cuda_modules_have_no_import_loops() {
 }
 
 #[test]
-fn sibling_paths_are_found() {
-    let m = vec!["buf".to_string(), "kv".to_string()];
+fn module_paths_are_found() {
+    let m: Vec<String> = [
+        "runtime::buf",
+        "ops::attention::kv",
+        "ops::attention::launch",
+        "backend",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     assert_eq!(
-        sibling_refs(
-            "use super::buf::DevBuf; super::kv::f(); super::CudaDevice",
+        module_refs(
+            "ops::attention::decode",
+            "use super::kv::X; use crate::backend::cuda::runtime::buf::DevBuf; super::super::super::CudaDevice",
             &m
         ),
-        vec!["buf".to_string(), "kv".to_string()]
+        vec!["runtime::buf".to_string(), "ops::attention::kv".to_string()]
     );
+    // inside the file's tests, super:: is the file
+    assert!(module_refs(
+        "ops::attention::kv",
+        "mod tests { use super::launch::Y; }",
+        &m
+    )
+    .is_empty());
 }

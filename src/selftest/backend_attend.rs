@@ -9,7 +9,7 @@
 use super::backend_fused::{prep_of, prep_weights, with_cache};
 use super::backend_ops::{host, Ctx, Pair, R};
 use super::check::uniform;
-use crate::backend::cuda::kv::kv_layout;
+use crate::backend::cuda::ops::attention::kv::kv_layout;
 use crate::backend::cuda::{CudaBackend, KvType};
 use crate::backend::{step_at, AttnParams, KvShape, Rope, StepOf};
 use crate::backend::{Fused, Ops, Runtime};

@@ -21,7 +21,7 @@ use super::backend_ops::{host, tref, Ctx, Pair, R};
 use super::check::uniform;
 use super::checks::add_rmsnorm::side_car_cmp;
 use super::checks::attn_prep::cache_expect;
-use crate::backend::cuda::kv::{kv_layout, kv_quant};
+use crate::backend::cuda::ops::attention::kv::{kv_layout, kv_quant};
 use crate::backend::cuda::{CudaBackend, GpuKvCache, GpuTensor, KvType};
 use crate::backend::{
     attn_prep_composed, step_at, Activation, AttnPrep, KvShape, Norm, PostNorm, Rope,
@@ -39,8 +39,8 @@ pub(super) fn side_car(gpu: &CudaBackend, t: &GpuTensor) -> R<(Vec<i8>, Vec<f32>
             .ok_or_else(|| anyhow::anyhow!("the output carries no int8 side-car"))?;
     let st = gpu.pool.stream();
     Ok((
-        crate::backend::cuda::buf::read_ptr(st, s.q(), s.len)?,
-        crate::backend::cuda::buf::read_ptr(st, s.ds(), s.len / 16)?,
+        crate::backend::cuda::runtime::buf::read_ptr(st, s.q(), s.len)?,
+        crate::backend::cuda::runtime::buf::read_ptr(st, s.ds(), s.len / 16)?,
     ))
 }
 
@@ -55,8 +55,8 @@ fn side_car_vs_kernel(gpu: &CudaBackend, t: &GpuTensor) -> R<Pair> {
     let k = gpu.kern(Op::QuantizeQ8, Quant::F32, BatchBucket::Any)?;
     gpu.dev.quantize_q8_ptr(&k, t.ptr(), xq, xds)?;
     let st = gpu.pool.stream();
-    let wq = crate::backend::cuda::buf::read_ptr(st, xq, n)?;
-    let wd = crate::backend::cuda::buf::read_ptr(st, xds, n / 16)?;
+    let wq = crate::backend::cuda::runtime::buf::read_ptr(st, xq, n)?;
+    let wd = crate::backend::cuda::runtime::buf::read_ptr(st, xds, n / 16)?;
     let mut got: Vec<f32> = q.iter().map(|&v| v as f32).collect();
     got.extend(ds);
     let mut want: Vec<f32> = wq.iter().map(|&v| v as f32).collect();

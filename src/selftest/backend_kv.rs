@@ -5,7 +5,7 @@
 
 use super::backend_ops::{Ctx, Pair, R};
 use super::check::uniform;
-use crate::backend::cuda::kv::kv_layout;
+use crate::backend::cuda::ops::attention::kv::kv_layout;
 use crate::backend::cuda::{GpuKvCache, KvType};
 use crate::backend::KvShape;
 use crate::backend::{Ops, Runtime};

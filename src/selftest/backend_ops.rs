@@ -706,7 +706,7 @@ mod tests {
     #[test]
     fn moe_bound_covers_bf16_arithmetic() {
         use super::super::checks::moe::{gpu_model, Mode};
-        use crate::backend::cuda::moe::{moe_path, MoeDims, MoePath};
+        use crate::backend::cuda::ops::moe::pipeline::{moe_path, MoeDims, MoePath};
         let mut worst: f64 = 0.0;
         for seed in 0..2u64 {
             let mut rng = StdRng::seed_from_u64(seed);

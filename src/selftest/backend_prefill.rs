@@ -31,7 +31,7 @@ fn bf16_side_vs_cast(gpu: &CudaBackend, t: &GpuTensor) -> R<Pair> {
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("the output carries no bf16 side-car"))?;
     let st = gpu.pool.stream();
-    let got: Vec<u16> = crate::backend::cuda::buf::read_ptr(st, s.ptr(), s.len)?;
+    let got: Vec<u16> = crate::backend::cuda::runtime::buf::read_ptr(st, s.ptr(), s.len)?;
     let n = t.len();
     let b = gpu.pool.alloc(n * 2)?;
     let a16 = b
@@ -40,7 +40,7 @@ fn bf16_side_vs_cast(gpu: &CudaBackend, t: &GpuTensor) -> R<Pair> {
         .ok_or_else(|| anyhow::anyhow!("cast buffer"))?;
     let k = gpu.kern(Op::CastBf16, Quant::F32, BatchBucket::Any)?;
     gpu.dev.cast_bf16_ptr(&k, t.ptr(), a16)?;
-    let want: Vec<u16> = crate::backend::cuda::buf::read_ptr(st, a16, n)?;
+    let want: Vec<u16> = crate::backend::cuda::runtime::buf::read_ptr(st, a16, n)?;
     let f = |v: Vec<u16>| v.into_iter().map(crate::quant::bf16_to_f32).collect();
     Ok((f(got), f(want)))
 }

@@ -2,74 +2,56 @@
 //! cache of `codegen::ptx`), typed launch helpers for the generated kernels, and the
 //! [`CudaBackend`] that runs the models.
 //!
+//! - `runtime/`: the device, its memory pool, graphs, the tensor types, a resolved kernel;
+//! - `ops/<family>/`: the typed launches of one op family (elementwise, attention, linear, moe);
+//! - `backend/`: [`CudaBackend`], the `Backend` traits over those launches (and the sampler).
+//!
+//! Dependencies point down only: `backend` → `ops` → `runtime` (checked by `tests/layering.rs`).
+//!
 //! cudarc loads libcuda lazily and panics when it is missing, so everything here goes through
 //! [`cuda_available`] first, which probes the driver with a plain `dlopen` and never touches
 //! cudarc when the driver is absent.
 
 mod backend;
-pub mod buf;
-#[cfg(feature = "profiling")]
-mod dev_defines;
-mod device;
-mod error;
-pub mod graph;
-#[cfg(feature = "profiling")]
-mod graph_ablate;
-pub mod kv;
-mod launch;
-pub mod launch_attn;
-mod launch_decode;
-mod launch_fused;
-mod launch_gemm;
-mod launch_glu;
-mod launch_linear;
-mod launch_moe;
-pub mod launch_moe_fused;
-mod launch_prefill;
-mod launch_ptr;
-mod launch_qkvp;
-pub mod launch_res;
-pub mod moe;
-pub mod moe_decode;
-pub mod moe_grouped;
-mod moe_prefill;
-mod probe;
-mod readback;
-pub mod types;
+pub mod ops;
+pub mod runtime;
 
 pub use backend::sampler::{
     kernel_params, sample_scratch_words, CudaSamplerState, SampleHandover, MAX_BANNED,
     SAMPLE_BLOCK_LOGITS,
 };
 pub use backend::CudaBackend;
-pub use buf::{DevBuf, DevPtr, Pool, PoolStats};
-pub use device::CudaDevice;
-pub use error::CudaError;
-pub use kv::{GQA_MIN_SPLIT_KEYS, MIN_SPLIT_KEYS};
-pub use launch::{GluShape, RopeLaunch};
-pub use launch_attn::{AttnPrefillLaunch, KvLayout, KvScales};
-pub use launch_decode::{
+pub use ops::attention::decode::{
     decode_gqa_default, decode_has_mma, decode_key_has_gqa, decode_key_has_mma,
     gqa_fused_merge_default, gqa_fused_merge_fits, AttnDecodeLaunch, AttnScratch, DecodeEntry,
     GqaMerge, MAX_DECODE_BLOCK_HEADS, MAX_DECODE_SPLITS,
 };
-pub use launch_fused::{
-    norm_add_chunks, AttnPrepBufs, AttnPrepLaunch, NormAddWeights, ATTN_PREP_MAX_HEAD_DIM,
+pub use ops::attention::kv::{GQA_MIN_SPLIT_KEYS, MIN_SPLIT_KEYS};
+pub use ops::attention::launch::{AttnPrefillLaunch, KvLayout, KvScales};
+pub use ops::attention::prep::{AttnPrepBufs, AttnPrepLaunch, ATTN_PREP_MAX_HEAD_DIM};
+pub use ops::elementwise::add_norm::{norm_add_chunks, NormAddWeights};
+pub use ops::elementwise::launch::{Broadcast, EwiseMode, NormWeightPtr};
+pub use ops::elementwise::rows::{
+    attn_prep_rows_suffix, glu_vec_ok, rms_norm_rows_suffix, PREFILL_MIN_ROWS,
 };
-pub use launch_gemm::{chunk_rows, tile_cost, tile_efficiency, GemmPipe, GemmTile, GEMM_PIPE_BK};
-pub use launch_glu::GemvGluArgs;
-pub use launch_linear::{
+pub use ops::elementwise::slice::{GluShape, RopeLaunch};
+pub use ops::linear::gemm_pipe::{
+    chunk_rows, tile_cost, tile_efficiency, GemmPipe, GemmTile, GEMM_PIPE_BK,
+};
+pub use ops::linear::glu::GemvGluArgs;
+pub use ops::linear::launch::{
     gemv_default_grid, gemv_row_batches, gemv_s2_smem, GemvEntry, Q8Activations,
 };
-pub use launch_moe::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
-pub use launch_moe_fused::{MoeDownArgs, MoeGateUpArgs, MoeRouterArgs, RouterNorm};
-pub use launch_prefill::{
-    attn_prep_rows_suffix, glu_vec_ok, rms_norm_rows_suffix, KernEntry, PREFILL_MIN_ROWS,
+pub use ops::moe::launch::{MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
+pub use ops::moe::launch_fused::{MoeDownArgs, MoeGateUpArgs, MoeRouterArgs, RouterNorm};
+pub use runtime::buf::{DevBuf, DevPtr, Pool, PoolStats};
+pub use runtime::device::CudaDevice;
+pub use runtime::error::CudaError;
+pub use runtime::kern::{copy_2d, weight_block, Kern, KernEntry, KernQ8};
+pub use runtime::probe::cuda_available;
+pub use runtime::readback::TokenReadback;
+pub use runtime::types::{
+    Bf16Side, GpuKvCache, GpuTensor, GpuWeight, KvType, Q8Ptrs, Q8Side, WeightView,
 };
-pub use launch_ptr::weight_block;
-pub use launch_ptr::{copy_2d, Broadcast, EwiseMode, Kern, KernQ8, NormWeightPtr};
-pub use probe::cuda_available;
-pub use readback::TokenReadback;
-pub use types::{Bf16Side, GpuKvCache, GpuTensor, GpuWeight, KvType, Q8Ptrs, Q8Side, WeightView};
 
 pub use cudarc::driver::{CudaSlice, CudaView};

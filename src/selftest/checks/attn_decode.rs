@@ -16,7 +16,7 @@
 //! every graph replay).
 
 use super::super::check::{time_us, CheckCtx, Comparison, KernelCheck, Measured};
-use crate::backend::cuda::kv::{decode_head_split, decode_launch_head_split};
+use crate::backend::cuda::ops::attention::kv::{decode_head_split, decode_launch_head_split};
 use crate::backend::cuda::KvScales;
 use crate::backend::cuda::{
     decode_gqa_default, decode_has_mma, decode_key_has_gqa, decode_key_has_mma, AttnDecodeLaunch,

@@ -10,7 +10,7 @@
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use super::attn_decode::{encode_kv, spread_rows};
-use crate::backend::cuda::kv::kv_layout;
+use crate::backend::cuda::ops::attention::kv::kv_layout;
 use crate::backend::cuda::{AttnPrefillLaunch, CudaError, DevPtr, KvType, Pool};
 use crate::backend::{AttnParams, KvShape};
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};

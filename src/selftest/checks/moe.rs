@@ -24,7 +24,7 @@ use rand::Rng;
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use crate::backend::cpu::{route, CpuBackend};
-use crate::backend::cuda::moe::{moe_dims, moe_path, MoePath};
+use crate::backend::cuda::ops::moe::pipeline::{moe_dims, moe_path, MoePath};
 use crate::backend::cuda::{CudaError, DevPtr, GpuWeight, MoeGemvArgs, Pool};
 use crate::backend::{Activation, MoeParams};
 use crate::kernels::{BatchBucket, HeadDim, KernelKey, KernelSpec, Op, Quant};
@@ -612,8 +612,8 @@ impl KernelCheck for MoeCombineCheck {
                 vs_cpu = vs_cpu.merge(Comparison::new(&got, &cpu_moe(&c)?));
             }
         }
-        let gemm_on = crate::backend::cuda::moe::prefill_gemm_enabled();
-        let grouped_on = crate::backend::cuda::moe::prefill_grouped_enabled();
+        let gemm_on = crate::backend::cuda::ops::moe::pipeline::prefill_gemm_enabled();
+        let grouped_on = crate::backend::cuda::ops::moe::pipeline::prefill_grouped_enabled();
         if paths.iter().any(|p| p.1 == Mode::Bf16) != gemm_on
             || !paths.iter().any(|p| p.1 == Mode::Int8)
             || (gemm_on && !paths.iter().any(|p| p.2 == MoePath::Gemm))

@@ -1,4 +1,4 @@
-//! The fused MoE decode kernels (`backend::cuda::moe_decode`), each against a host reference
+//! The fused MoE decode kernels (`backend::cuda::ops::moe::decode`), each against a host reference
 //! built from the CPU primitives:
 //! - `moe_router` (F32 / F16 / BF16 / Q8_0 routers, Q8_0 also repacked): logits vs `ops::qdot::gemv_ref` (f64) over
 //!   the f32 activations (the int8 side-car's values for Q8_0); expert ids (exact) and weights vs
@@ -24,7 +24,7 @@ use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, M
 use super::add_rmsnorm::side_car_cmp;
 use super::moe::{ggml, pool, ptr};
 use crate::backend::cpu::route;
-use crate::backend::cuda::buf::read_ptr;
+use crate::backend::cuda::runtime::buf::read_ptr;
 use crate::backend::cuda::{
     CudaError, DevPtr, Kern, MoeDownArgs, MoeGateUpArgs, MoeRouterArgs, NormWeightPtr, RouterNorm,
 };

@@ -1,5 +1,5 @@
 //! Grouped MoE prefill kernels on the GPU:
-//! - `moe_group` vs `moe_grouped::group_tiles` (offsets and tile table exact; `perm` a
+//! - `moe_group` vs `ops::moe::grouped::group_tiles` (offsets and tile table exact; `perm` a
 //!   permutation whose pair at each sorted position belongs to that position's expert, ids
 //!   outside 0..E last): an expert with 0 pairs, one with 1, one with more than a tile, one with
 //!   exactly a tile, bad ids; more experts than pairs; a skewed routing of 40k pairs; the pp512
@@ -20,7 +20,7 @@ use rand::Rng;
 
 use super::super::check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 use super::moe::{bf16, ggml, pool, ptr};
-use crate::backend::cuda::moe_grouped::{group_tiles, grouped_max_tiles, MoeGemmArgs};
+use crate::backend::cuda::ops::moe::grouped::{group_tiles, grouped_max_tiles, MoeGemmArgs};
 use crate::backend::cuda::{CudaError, DevBuf, DevPtr, Pool};
 use crate::backend::Activation;
 use crate::kernels::{BatchBucket, HeadDim, KernelKey, KernelSpec, Op, Quant};

@@ -1,8 +1,8 @@
 //! Attention of the CUDA backend: `attention` (prefill and split-K decode over the paged
 //! cache).
 
-use super::super::types::{GpuKvCache, GpuTensor, Q8Side};
 use super::{attn_q8_enabled, CudaBackend};
+use crate::backend::cuda::runtime::types::{GpuKvCache, GpuTensor, Q8Side};
 use crate::backend::{AttnParams, BackendError, Result, StepOf};
 
 impl CudaBackend {

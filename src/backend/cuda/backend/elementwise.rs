@@ -2,13 +2,16 @@
 //! output comes from the pool; copies are device-to-device (strided `cuMemcpy2DAsync`), so
 //! none of these touch the host during a decode step.
 
-use super::super::buf::{copy, DevBuf, DevPtr};
-use super::super::launch::RopeLaunch;
-use super::super::launch_prefill::{glu_vec_ok, rms_norm_rows_suffix, PREFILL_MIN_ROWS};
-use super::super::launch_ptr::{copy_2d, Broadcast, EwiseMode, NormWeightPtr};
-use super::super::types::{Bf16Side, GpuTensor, GpuWeight, Q8Side};
 use super::linear::{slice, sub};
 use super::CudaBackend;
+use crate::backend::cuda::ops::elementwise::launch::{Broadcast, EwiseMode, NormWeightPtr};
+use crate::backend::cuda::ops::elementwise::rows::{
+    glu_vec_ok, rms_norm_rows_suffix, PREFILL_MIN_ROWS,
+};
+use crate::backend::cuda::ops::elementwise::slice::RopeLaunch;
+use crate::backend::cuda::runtime::buf::{copy, DevBuf, DevPtr};
+use crate::backend::cuda::runtime::kern::copy_2d;
+use crate::backend::cuda::runtime::types::{Bf16Side, GpuTensor, GpuWeight, Q8Side};
 use crate::backend::{Activation, BackendError, Norm, Result, Rope, StepOf};
 use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};
@@ -403,7 +406,10 @@ impl CudaBackend {
     }
 
     /// Device copy of a RoPE layer's frequency divisors, uploaded once per distinct content.
-    pub(super) fn freq_factors(&self, ff: &[f32]) -> Result<super::super::buf::DevPtr<f32>> {
+    pub(super) fn freq_factors(
+        &self,
+        ff: &[f32],
+    ) -> Result<crate::backend::cuda::runtime::buf::DevPtr<f32>> {
         let key: Vec<u32> = ff.iter().map(|v| v.to_bits()).collect();
         let mut m = self.freq.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = m.get(&key) {

@@ -7,15 +7,16 @@
 //! recorded decode step like the ops they replace. With many rows (prefill) `attn_prep` takes
 //! the kernel's multi-row entry (one warp per (row, head)), whose bytes equal the decode form's.
 
-use super::super::buf::DevPtr;
-use super::super::kv::{kv_layout, kv_quant};
-use super::super::launch_fused::{
-    AttnPrepBufs, AttnPrepLaunch, NormAddWeights, ATTN_PREP_MAX_HEAD_DIM,
-};
-use super::super::launch_prefill::{attn_prep_rows_suffix, PREFILL_MIN_ROWS};
-use super::super::launch_ptr::NormWeightPtr;
-use super::super::types::{Bf16Side, GpuKvCache, GpuTensor, Q8Side};
 use super::CudaBackend;
+use crate::backend::cuda::ops::attention::kv::{kv_layout, kv_quant};
+use crate::backend::cuda::ops::attention::prep::{
+    AttnPrepBufs, AttnPrepLaunch, ATTN_PREP_MAX_HEAD_DIM,
+};
+use crate::backend::cuda::ops::elementwise::add_norm::NormAddWeights;
+use crate::backend::cuda::ops::elementwise::launch::NormWeightPtr;
+use crate::backend::cuda::ops::elementwise::rows::{attn_prep_rows_suffix, PREFILL_MIN_ROWS};
+use crate::backend::cuda::runtime::buf::DevPtr;
+use crate::backend::cuda::runtime::types::{Bf16Side, GpuKvCache, GpuTensor, Q8Side};
 use crate::backend::{attn_prep_composed, AttnPrep, BackendError, Norm, PostNorm, Result, StepOf};
 use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};

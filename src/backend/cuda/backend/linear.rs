@@ -13,10 +13,10 @@
 //!
 //! The n = 1 path allocates only from the pool and copies nothing from the host.
 
-use super::super::buf::{memset, DevBuf, DevPtr};
-use super::super::types::{GpuTensor, GpuWeight, Q8Ptrs, Q8Side};
-use super::super::weight_block;
 use super::CudaBackend;
+use crate::backend::cuda::runtime::buf::{memset, DevBuf, DevPtr};
+use crate::backend::cuda::runtime::types::{GpuTensor, GpuWeight, Q8Ptrs, Q8Side};
+use crate::backend::cuda::weight_block;
 use crate::backend::{BackendError, Result};
 use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};
@@ -89,7 +89,7 @@ impl CudaBackend {
         // narrow float projections (MoE routers) in f32: see ROUTER_MAX_OUT
         let exact = out <= ROUTER_MAX_OUT && matches!(v.quant, Quant::Bf16 | Quant::F16);
         if !exact {
-            if let Some(y) = self.linear_pipe(x, &v, super::linear_pipe::gemm_scratch_bytes())? {
+            if let Some(y) = self.linear_pipe(x, &v, crate::tuning::get().gemm_scratch_bytes)? {
                 return Ok(y);
             }
         }
@@ -124,7 +124,7 @@ impl CudaBackend {
             let xs = sub(xp, 8 * c * k, rows * k)?;
             let part = self.gemv_rows(xs, rows, v.data, v.quant, (out, k), None)?;
             let dst = sub(y.f32(), 8 * c * out, rows * out)?;
-            super::super::buf::copy(self.pool.stream(), dst, part.ptr())?;
+            crate::backend::cuda::runtime::buf::copy(self.pool.stream(), dst, part.ptr())?;
         }
         Ok(GpuTensor::new(y, n, out))
     }
@@ -150,8 +150,9 @@ impl CudaBackend {
     /// Whether a one-row `linear` over `w` (`[n, k]` in `quant`) splits each row's k range over
     /// several warps (the GEMV's `__ks` entry: the same dots, summed in another order).
     pub(crate) fn gemv_splits_k(&self, quant: Quant, n: usize, k: usize) -> bool {
-        self.kern(Op::Gemv, quant, BatchBucket::B1)
-            .is_ok_and(|kn| super::super::launch_linear::gemv_ks(kn.spec, n, k).is_some())
+        self.kern(Op::Gemv, quant, BatchBucket::B1).is_ok_and(|kn| {
+            crate::backend::cuda::ops::linear::launch::gemv_ks(kn.spec, n, k).is_some()
+        })
     }
 
     /// The one-launch form of [`Self::linear_glu_impl`], None where it does not apply.
@@ -178,11 +179,11 @@ impl CudaBackend {
     /// int8 side-car `(xq, xds)`: h and its own side-car.
     pub(super) fn glu_launch(
         &self,
-        e: &super::super::launch_prefill::KernEntry,
-        v: &super::super::types::WeightView,
+        e: &crate::backend::cuda::runtime::kern::KernEntry,
+        v: &crate::backend::cuda::runtime::types::WeightView,
         (xq, xds): Q8Ptrs,
         act: crate::backend::Activation,
-        rs: Option<super::super::launch_res::RsArgs>,
+        rs: Option<crate::backend::cuda::ops::linear::res::RsArgs>,
     ) -> Result<GpuTensor> {
         let ff = v.rows / 2;
         let h = self.alloc_tensor(1, ff)?;
@@ -191,7 +192,7 @@ impl CudaBackend {
             .ok_or_else(|| shape(format!("no side-car for {ff} values")))?;
         self.dev.gemv_glu_ptr(
             e,
-            &super::super::GemvGluArgs {
+            &crate::backend::cuda::GemvGluArgs {
                 w: v.data,
                 xq,
                 xds,
@@ -231,8 +232,8 @@ impl CudaBackend {
     pub(super) fn glu_entry(
         &self,
         k: usize,
-        v: &super::super::types::WeightView,
-    ) -> Option<super::super::launch_prefill::KernEntry> {
+        v: &crate::backend::cuda::runtime::types::WeightView,
+    ) -> Option<crate::backend::cuda::runtime::kern::KernEntry> {
         let ff = v.rows / 2;
         let fits = crate::quant::repack::source_of(v.quant).is_some_and(|(_, s)| s.fits(k));
         if v.cols != k || v.rows % 2 != 0 || ff % 32 != 0 || ff == 0 || !fits {
@@ -269,7 +270,7 @@ impl CudaBackend {
             let p = self.pool.alloc(b * k * 4)?;
             let all = slice(p.f32(), b * k)?;
             memset(self.pool.stream(), all, 0)?;
-            super::super::buf::copy(self.pool.stream(), slice(all, rows * k)?, x)?;
+            crate::backend::cuda::runtime::buf::copy(self.pool.stream(), slice(all, rows * k)?, x)?;
             Some(p)
         };
         let xb = match &padded {

@@ -16,21 +16,14 @@
 //! multiple of 8, an odd number of outputs, unaligned weights, other formats) return None and
 //! the caller falls back to `gemm` / the GEMV.
 
-use super::super::buf::{DevBuf, DevPtr};
-use super::super::launch_gemm::{chunk_rows, GemmPipe, GEMM_PIPE_BK};
-use super::super::types::{GpuTensor, WeightView};
-use super::super::weight_block;
 use super::linear::{slice, sub};
 use super::CudaBackend;
+use crate::backend::cuda::ops::linear::gemm_pipe::{chunk_rows, GemmPipe, GEMM_PIPE_BK};
+use crate::backend::cuda::runtime::buf::{DevBuf, DevPtr};
+use crate::backend::cuda::runtime::types::{GpuTensor, WeightView};
+use crate::backend::cuda::weight_block;
 use crate::backend::{BackendError, Result};
 use crate::kernels::{BatchBucket, Op, Quant};
-
-/// Most bytes of bf16 weight scratch one `linear` holds (`FUCINA_GEMM_SCRATCH_MB` overrides, for
-/// measurements). 256 MiB, not 128: at 128 Qwen3-8B's gate|up ran as two 12288-row GEMMs on the
-/// 128 x 128 tile, and its pp512 read 17.2k tok/s against 19.0k (H200).
-pub fn gemm_scratch_bytes() -> usize {
-    crate::tuning::get().gemm_scratch_bytes
-}
 
 /// Whether `q` has a `gemm_pipe` path (bf16 or f16 in place, or through `dequant_bf16`).
 pub(crate) fn has_pipe(q: Quant) -> bool {
@@ -182,7 +175,7 @@ impl CudaBackend {
     pub fn linear_gemm_pipe(
         &self,
         x: &GpuTensor,
-        w: &super::super::types::GpuWeight,
+        w: &crate::backend::cuda::runtime::types::GpuWeight,
         scratch_cap: usize,
     ) -> Result<GpuTensor> {
         let v = w.matrix()?;

@@ -17,13 +17,13 @@
 //! override. Anything the kernels do not take runs the composition (`linear`, `add_rms_norm`,
 //! the consumers).
 
-use super::super::launch_linear::gemv_default_grid;
-use super::super::launch_res::{
-    res_launch_warps, rs_suffix, rsqv_blocks, GemvResArgs, RsArgs, RsPart,
-};
-use super::super::types::{GpuTensor, GpuWeight};
 use super::linear::slice;
 use super::CudaBackend;
+use crate::backend::cuda::ops::linear::launch::gemv_default_grid;
+use crate::backend::cuda::ops::linear::res::{
+    res_launch_warps, rs_suffix, rsqv_blocks, GemvResArgs, RsArgs, RsPart,
+};
+use crate::backend::cuda::runtime::types::{GpuTensor, GpuWeight};
 use crate::backend::{
     linear_add_rms_norm_then_composed, Activation, BackendError, Norm, NormNext, Result,
 };
@@ -272,8 +272,8 @@ impl CudaBackend {
     /// one.
     fn rsqv_entry(
         &self,
-        views: &[super::super::types::WeightView],
-    ) -> Option<super::super::launch_prefill::KernEntry> {
+        views: &[crate::backend::cuda::runtime::types::WeightView],
+    ) -> Option<crate::backend::cuda::runtime::kern::KernEntry> {
         let [a, b] = views else {
             return None;
         };
@@ -336,9 +336,9 @@ impl CudaBackend {
     /// `FUCINA_GLURS` (default on) allow it; None: the `__rs` GEMV and the GLU kernel.
     pub(crate) fn glurs_entry(
         &self,
-        gv: &super::super::types::WeightView,
+        gv: &crate::backend::cuda::runtime::types::WeightView,
         k: usize,
-    ) -> Option<super::super::launch_prefill::KernEntry> {
+    ) -> Option<crate::backend::cuda::runtime::kern::KernEntry> {
         let on = self.glurs.unwrap_or(crate::tuning::get().glurs);
         if !on {
             return None;
@@ -363,9 +363,9 @@ impl CudaBackend {
     /// GLU kernel.
     fn deferred_glu(
         &self,
-        gv: &super::super::types::WeightView,
-        rs_entry: &super::super::launch_prefill::KernEntry,
-        z: &super::super::types::Q8Side,
+        gv: &crate::backend::cuda::runtime::types::WeightView,
+        rs_entry: &crate::backend::cuda::runtime::kern::KernEntry,
+        z: &crate::backend::cuda::runtime::types::Q8Side,
         rs: RsArgs,
         act: Activation,
     ) -> Result<GpuTensor> {

@@ -4,7 +4,7 @@
 //! (elementwise, shape, norms, RoPE, embedding), `fused.rs` (add + norm, attention input),
 //! `step.rs` (a step's token ids and positions in device memory), `sampler.rs` (the
 //! per-sequence sampler and its launches). KV cache, attention and MoE delegate to `CudaDevice` methods
-//! in `kv.rs` / `moe.rs`.
+//! in `ops/attention/kv.rs` / `ops/moe/pipeline.rs`.
 //!
 //! Everything runs on the device's one stream; ops allocate their outputs from the pool and
 //! never synchronise, except `to_host`. Kernels are resolved once per (op, quant, batch) and
@@ -26,13 +26,13 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::buf::{read_ptr, DevBuf, Pool, PoolStats};
-use super::error::CudaError;
-use super::graph::StepGraph;
-use super::launch_prefill::KernEntry;
-use super::launch_ptr::{Kern, KernQ8};
-use super::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
 use super::CudaDevice;
+use crate::backend::cuda::runtime::buf::{read_ptr, DevBuf, Pool, PoolStats};
+use crate::backend::cuda::runtime::error::CudaError;
+use crate::backend::cuda::runtime::graph::StepGraph;
+use crate::backend::cuda::runtime::kern::KernEntry;
+use crate::backend::cuda::runtime::kern::{Kern, KernQ8};
+use crate::backend::cuda::runtime::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
 use crate::backend::cuda::CudaSamplerState;
 use crate::backend::{
     Activation, AttnParams, AttnPrep, BackendError, Fused, KvShape, MoeParams, Norm, Ops, PostNorm,
@@ -90,7 +90,7 @@ pub struct CudaBackend {
     /// follows `FUCINA_GLURS` (on unless 0).
     glurs: Option<bool>,
     /// Page-locked id readbacks of finished samplers, for the next ones.
-    pub(crate) readbacks: Arc<super::readback::ReadbackPool>,
+    pub(crate) readbacks: Arc<crate::backend::cuda::runtime::readback::ReadbackPool>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -167,8 +167,9 @@ impl CudaBackend {
         }
         let pool = Pool::new(dev.stream().clone());
         let sms = dev.sm_count()?;
-        let moe_counters =
-            pool.upload_persistent(&[0u32; super::moe_decode::MOE_DECODE_MAX_TOKENS])?;
+        let moe_counters = pool.upload_persistent(
+            &[0u32; crate::backend::cuda::ops::moe::decode::MOE_DECODE_MAX_TOKENS],
+        )?;
         Ok(CudaBackend {
             dev,
             pool,
@@ -196,7 +197,9 @@ impl CudaBackend {
         self.dev
             .context()
             .mem_get_info()
-            .map_err(super::error::drv("reading device memory info"))
+            .map_err(crate::backend::cuda::runtime::error::drv(
+                "reading device memory info",
+            ))
     }
 
     /// Usage counters of the pool (activations, weights and caches).
@@ -402,7 +405,11 @@ impl Runtime for CudaBackend {
         };
         let n: usize = w.shape.iter().product();
         let t = self.alloc_tensor(1, n)?;
-        super::buf::copy(self.pool.stream(), t.ptr(), linear::slice(src.f32(), n)?)?;
+        crate::backend::cuda::runtime::buf::copy(
+            self.pool.stream(),
+            t.ptr(),
+            linear::slice(src.f32(), n)?,
+        )?;
         Ok(t)
     }
 

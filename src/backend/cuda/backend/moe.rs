@@ -1,15 +1,18 @@
-//! `moe_routed` on the CUDA backend: the fused decode path (`moe_decode.rs`: router + top-k,
+//! `moe_routed` on the CUDA backend: the fused decode path (`ops/moe/decode.rs`: router + top-k,
 //! gate/up + GLU, down + weighted sum; three launches) when the input carries an int8 side-car
 //! and the weights' formats and shapes fit, else the trait's composition (`linear` for the
 //! router logits, then `moe`). `FUCINA_MOE_FUSED=0` turns the fused path off (read once).
 
-use super::super::launch_moe_fused::RouterNorm;
-use super::super::launch_ptr::weight_block;
-use super::super::launch_ptr::{Kern, NormWeightPtr};
-use super::super::moe::moe_dims;
-use super::super::moe_decode::{decode_quants, MoeDecodeIn, MoeDecodeKerns, MOE_DECODE_MAX_TOKENS};
-use super::super::types::{GpuTensor, GpuWeight};
 use super::CudaBackend;
+use crate::backend::cuda::ops::elementwise::launch::NormWeightPtr;
+use crate::backend::cuda::ops::moe::decode::{
+    decode_quants, MoeDecodeIn, MoeDecodeKerns, MOE_DECODE_MAX_TOKENS,
+};
+use crate::backend::cuda::ops::moe::launch_fused::RouterNorm;
+use crate::backend::cuda::ops::moe::pipeline::moe_dims;
+use crate::backend::cuda::runtime::kern::weight_block;
+use crate::backend::cuda::runtime::kern::Kern;
+use crate::backend::cuda::runtime::types::{GpuTensor, GpuWeight};
 use crate::backend::{BackendError, MoeParams, Norm, Result};
 use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};
@@ -29,7 +32,10 @@ fn fused_plan(
     up: &GpuWeight,
     down: &GpuWeight,
     p: &MoeParams,
-) -> Option<([Quant; 3], super::super::moe::MoeDims)> {
+) -> Option<(
+    [Quant; 3],
+    crate::backend::cuda::ops::moe::pipeline::MoeDims,
+)> {
     let q = decode_quants(router.quant, gate.quant, up.quant, down.quant)?;
     if [router, gate, up, down].iter().any(|w| w.scales.is_some()) {
         return None;

@@ -1,6 +1,6 @@
 //! `Backend::linear_attn_prep` on the CUDA backend: one decode row's fused q|k|v projection
 //! and attn_prep as one launch (the q4_0r GEMV's `__qkvp` entry, thread-block clusters of one
-//! head each: `launch_qkvp.rs`). On by default (`FUCINA_QKV_PREP=0` or
+//! head each: `ops/attention/qkv_prep.rs`). On by default (`FUCINA_QKV_PREP=0` or
 //! `CudaBackend::with_qkv_prep(false)` turn it off); everything it does not take returns None
 //! and the caller runs `linear` then `attn_prep`.
 //!
@@ -8,10 +8,10 @@
 //! each): 595.6 / 594.2 / 594.0 tok/s with two launches, 601.7 / 601.7 / 601.5 with one; the
 //! same 48-token greedy text (`--raw`).
 
-use super::super::kv::{check_kv_positions, kv_layout};
-use super::super::launch_qkvp::{QkvPrepArgs, QKVP_HEAD_DIM};
-use super::super::types::{GpuKvCache, GpuTensor, GpuWeight};
 use super::CudaBackend;
+use crate::backend::cuda::ops::attention::kv::{check_kv_positions, kv_layout};
+use crate::backend::cuda::ops::attention::qkv_prep::{QkvPrepArgs, QKVP_HEAD_DIM};
+use crate::backend::cuda::runtime::types::{GpuKvCache, GpuTensor, GpuWeight};
 use crate::backend::{AttnPrep, Result, StepOf};
 use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};

@@ -15,12 +15,12 @@
 use crate::kernels::Entry;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::super::buf::{bind, read_ptr, DevBuf, DevPtr};
-use super::super::error::{drv, CudaError};
-use super::super::readback::PooledReadback;
-use super::super::types::GpuTensor;
-use super::super::CudaDevice;
 use super::CudaBackend;
+use crate::backend::cuda::runtime::buf::{bind, read_ptr, DevBuf, DevPtr};
+use crate::backend::cuda::runtime::error::{drv, CudaError};
+use crate::backend::cuda::runtime::readback::PooledReadback;
+use crate::backend::cuda::runtime::types::GpuTensor;
+use crate::backend::cuda::CudaDevice;
 use crate::backend::BackendError;
 use crate::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
 use crate::ops::penalties::{initial_counts, Penalties};
@@ -73,7 +73,7 @@ pub struct SampleHandover {
     /// row only).
     pub feed: Option<(DevPtr<i32>, i32)>,
     /// One i32 per row of page-locked host memory mapped into the device
-    /// ([`super::super::TokenReadback::device_word`]).
+    /// ([`crate::backend::cuda::TokenReadback::device_word`]).
     pub mirror: Option<DevPtr<i32>>,
 }
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::super::buf::{bind, copy, DevBuf, DevPtr, Pool};
-use super::super::error::CudaError;
+use crate::backend::cuda::runtime::buf::{bind, copy, DevBuf, DevPtr, Pool};
+use crate::backend::cuda::runtime::error::CudaError;
 use crate::backend::{StepOf, StepPlan};
 
 /// The CUDA backend's part of a step.

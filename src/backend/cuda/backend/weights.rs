@@ -12,10 +12,10 @@ use std::sync::atomic::Ordering;
 
 use cudarc::driver::result;
 
-use super::super::buf::{DevBuf, DevPtr};
-use super::super::error::{drv, CudaError};
-use super::super::types::GpuWeight;
 use super::CudaBackend;
+use crate::backend::cuda::runtime::buf::{DevBuf, DevPtr};
+use crate::backend::cuda::runtime::error::{drv, CudaError};
+use crate::backend::cuda::runtime::types::GpuWeight;
 use crate::backend::{BackendError, Result};
 use crate::kernels::Quant;
 use crate::quant::repack::{repacked_of, source_of};
@@ -126,7 +126,7 @@ fn is_embedding_table(name: &str) -> bool {
 
 /// Bytes of `w` stored as `q`: whole blocks per row, and the tensor's data long enough.
 fn stored_bytes(w: &TensorRef<'_>, q: Quant) -> Result<usize> {
-    let (be, bb) = super::super::weight_block(q)
+    let (be, bb) = crate::backend::cuda::weight_block(q)
         .ok_or_else(|| unsupported(&w.name, format!("no kernels for {q}")))?;
     let cols = w.cols();
     if cols % be != 0 {
@@ -176,7 +176,7 @@ impl CudaBackend {
             .into());
         }
         let stream = self.pool.stream();
-        super::super::buf::bind(stream)?;
+        crate::backend::cuda::runtime::buf::bind(stream)?;
         for (i, c) in data.chunks(CHUNK).enumerate() {
             let at = dst.raw() + (i * CHUNK) as u64;
             // SAFETY: `dst` addresses data.len() bytes (checked); a pageable source is staged
@@ -307,7 +307,7 @@ impl CudaBackend {
                 let data = self.alloc_weight(bytes.len())?;
                 self.write_counted(data.u8(), &bytes)?;
                 let copy = self.alloc_weight(bytes.len())?;
-                super::super::buf::copy(self.pool.stream(), copy.u8(), data.u8())?;
+                crate::backend::cuda::runtime::buf::copy(self.pool.stream(), copy.u8(), data.u8())?;
                 Ok(weight(data, Quant::F32, Some(copy)))
             }
         }

@@ -1,16 +1,16 @@
 //! Typed launches of the fused MoE decode kernels (`moe_router`, `moe_gate_up`, `moe_down`; the
-//! pipeline they make is in `moe_decode.rs`), on [`DevPtr`] arguments. Every launch is validated
+//! pipeline they make is in `decode.rs`), on [`DevPtr`] arguments. Every launch is validated
 //! first by a pure host function (unit-tested without a GPU): shapes against buffer lengths,
 //! alignment, values against the kernels' limits; errors, never panics.
 
 use cudarc::driver::LaunchConfig;
 
-use super::buf::DevPtr;
-use super::error::CudaError;
-use super::launch_moe::{expert_bytes, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
-use super::launch_ptr::weight_block;
-use super::launch_ptr::{expect, grid, int, invalid, Kern};
-use super::CudaDevice;
+use super::launch::{expert_bytes, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
+use crate::backend::cuda::runtime::buf::DevPtr;
+use crate::backend::cuda::runtime::error::CudaError;
+use crate::backend::cuda::runtime::kern::weight_block;
+use crate::backend::cuda::runtime::kern::{expect, grid, int, invalid, Kern};
+use crate::backend::cuda::CudaDevice;
 use crate::backend::Activation;
 use crate::kernels::{KernelSpec, Op, Quant};
 
@@ -119,7 +119,7 @@ pub struct RouterNorm {
     pub b: DevPtr<f32>,
     /// Out: the sum (must not overlap `a` or `b`).
     pub s: DevPtr<f32>,
-    pub w: super::launch_ptr::NormWeightPtr,
+    pub w: crate::backend::cuda::ops::elementwise::launch::NormWeightPtr,
     pub eps: f32,
     /// Out: the side-car of the normed row (`k` int8, `k / 16` floats).
     pub xq: DevPtr<i8>,
@@ -148,9 +148,9 @@ pub fn check_router_norm(q: Quant, a: &MoeRouterArgs, nm: &RouterNorm) -> Result
         p0 < q1 && q0 < p1
     };
     let wlen = match nm.w {
-        super::launch_ptr::NormWeightPtr::Plain(w)
-        | super::launch_ptr::NormWeightPtr::OnePlus(w) => w.len(),
-        super::launch_ptr::NormWeightPtr::None => k,
+        crate::backend::cuda::ops::elementwise::launch::NormWeightPtr::Plain(w)
+        | crate::backend::cuda::ops::elementwise::launch::NormWeightPtr::OnePlus(w) => w.len(),
+        crate::backend::cuda::ops::elementwise::launch::NormWeightPtr::None => k,
     };
     if nm.b.len() < k
         || nm.s.len() < k
@@ -372,7 +372,7 @@ fn stage_smem(k: &Kern, op: &'static str, warps: u32, bufs: u32) -> Result<u32, 
         cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         smem as i32,
     )
-    .map_err(super::error::drv(format!(
+    .map_err(crate::backend::cuda::runtime::error::drv(format!(
         "raising {}'s dynamic shared memory to {smem} bytes",
         k.spec.name
     )))?;
@@ -431,7 +431,8 @@ impl CudaDevice {
         const OP: &str = "moe_router__norm";
         expect(k, &[Op::MoeRouter], OP)?;
         check_router_norm(k.spec.key.quant, a, nm)?;
-        let (mode, wp) = super::launch_fused::norm_mode_ptr(OP, nm.w, a.k)?;
+        let (mode, wp) =
+            crate::backend::cuda::ops::elementwise::add_norm::norm_mode_ptr(OP, nm.w, a.k)?;
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, a.e)?, 1, 1),
             block_dim: (128, 1, 1),
@@ -571,5 +572,5 @@ impl CudaDevice {
 }
 
 #[cfg(test)]
-#[path = "launch_moe_fused_tests.rs"]
+#[path = "launch_fused_tests.rs"]
 mod tests;

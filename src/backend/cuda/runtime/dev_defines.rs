@@ -10,7 +10,9 @@ use crate::kernels::KernelSpec;
 /// Only names of the form `FUCINA_[A-Z0-9_]+` are taken (a short name such as `A` would reach
 /// every kernel whose source holds the letter); others are dropped with a warning. Unset (the
 /// default), every rendered source is compiled as it is.
-pub(super) fn source_of(spec: &'static KernelSpec) -> std::borrow::Cow<'static, str> {
+pub(in crate::backend::cuda) fn source_of(
+    spec: &'static KernelSpec,
+) -> std::borrow::Cow<'static, str> {
     static DEFINES: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
     let defines = DEFINES.get_or_init(|| {
         let (ok, dropped) = parse_dev_defines(&crate::tuning::get().profiling.dev_defines);

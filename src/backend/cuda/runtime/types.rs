@@ -170,7 +170,7 @@ pub struct WeightView {
 
 /// Bytes of `rows x cols` elements of `q` (None when `cols` does not fill whole blocks).
 pub fn matrix_bytes(q: Quant, rows: usize, cols: usize) -> Option<usize> {
-    let (be, bb) = super::weight_block(q)?;
+    let (be, bb) = crate::backend::cuda::weight_block(q)?;
     (cols % be == 0).then(|| rows * (cols / be) * bb)
 }
 
@@ -245,21 +245,4 @@ pub struct GpuKvCache {
     /// An FP8 cache's row scales: f16 K scales then V scales, one per cache row each
     /// (`KvScales`); None for f16.
     pub scales: Option<DevBuf>,
-}
-
-impl GpuKvCache {
-    /// The row scales as the kernels take them (null for an f16 cache).
-    pub fn kv_scales(&self) -> super::launch_attn::KvScales {
-        match &self.scales {
-            Some(b) => {
-                let all = b.ptr::<u16>();
-                let rows = all.len() / 2;
-                super::launch_attn::KvScales {
-                    k: all.slice(0, rows).unwrap_or(all),
-                    v: all.slice(rows, rows).unwrap_or(all),
-                }
-            }
-            None => super::launch_attn::KvScales::none(),
-        }
-    }
 }

@@ -5,13 +5,13 @@
 use crate::kernels::Entry;
 use cudarc::driver::LaunchConfig;
 
-use super::buf::DevPtr;
-use super::error::CudaError;
-use super::launch_attn::KvLayout;
-use super::launch_fused::{prep_factors, AttnPrepBufs, AttnPrepLaunch};
-use super::launch_prefill::KernEntry;
-use super::launch_ptr::expect;
-use super::CudaDevice;
+use super::launch::KvLayout;
+use super::prep::{prep_factors, AttnPrepBufs, AttnPrepLaunch};
+use crate::backend::cuda::runtime::buf::DevPtr;
+use crate::backend::cuda::runtime::error::CudaError;
+use crate::backend::cuda::runtime::kern::expect;
+use crate::backend::cuda::runtime::kern::KernEntry;
+use crate::backend::cuda::CudaDevice;
 use crate::kernels::Op;
 use crate::ops::RopeLayout;
 

@@ -9,11 +9,11 @@
 use crate::kernels::Entry;
 use cudarc::driver::{sys, CudaFunction, LaunchConfig, PushKernelArg};
 
-use super::buf::DevPtr;
-use super::error::{drv, CudaError};
-use super::launch_ptr::{expect, grid, Kern};
-use super::weight_block;
-use super::CudaDevice;
+use crate::backend::cuda::runtime::buf::DevPtr;
+use crate::backend::cuda::runtime::error::{drv, CudaError};
+use crate::backend::cuda::runtime::kern::{expect, grid, Kern};
+use crate::backend::cuda::weight_block;
+use crate::backend::cuda::CudaDevice;
 use crate::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
 
 fn invalid(op: &'static str, detail: String) -> CudaError {

@@ -52,7 +52,7 @@ impl CudaDevice {
 
     /// Open device `ordinal` with an explicit PTX cache configuration.
     pub fn with_cache(ordinal: usize, cache: CacheConfig) -> Result<CudaDevice, CudaError> {
-        if !super::cuda_available() {
+        if !crate::backend::cuda::cuda_available() {
             return Err(CudaError::NoDevice);
         }
         let ctx = CudaContext::new(ordinal).map_err(drv(format!("opening device {ordinal}")))?;
@@ -106,7 +106,7 @@ impl CudaDevice {
         &self.arches
     }
 
-    pub(super) fn capture_flag(&self) -> &super::graph::CaptureFlag {
+    pub(in crate::backend::cuda) fn capture_flag(&self) -> &super::graph::CaptureFlag {
         &self.capture
     }
 

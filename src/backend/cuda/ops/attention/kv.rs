@@ -18,15 +18,15 @@
 
 use std::sync::Arc;
 
-use super::buf::{DevBuf, DevPtr, Pool};
-use super::error::CudaError;
-use super::launch_attn::{AttnPrefillLaunch, KvLayout};
-use super::launch_decode::{
+use super::decode::{
     decode_gqa_default, AttnDecodeLaunch, DecodeEntry, GqaMerge, MAX_DECODE_BLOCK_HEADS,
     MAX_DECODE_SPLITS,
 };
-use super::types::{GpuKvCache, KvType, Q8Ptrs};
-use super::CudaDevice;
+use super::launch::{AttnPrefillLaunch, KvLayout};
+use crate::backend::cuda::runtime::buf::{DevBuf, DevPtr, Pool};
+use crate::backend::cuda::runtime::error::CudaError;
+use crate::backend::cuda::runtime::types::{GpuKvCache, KvType, Q8Ptrs};
+use crate::backend::cuda::CudaDevice;
 use crate::backend::{AttnParams, KvShape};
 use crate::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
 
@@ -506,7 +506,7 @@ mod tests {
         assert_eq!(decode_splits(4240, 1, None, GQA_MIN_SPLIT_KEYS), MAX_SPLITS);
         // ... so their partials (2 heads x 256 x 16) are merged inside `__gqa`; the global
         // layers' (16 x 512 over 64 splits) by the separate `__gqa_merge` launch
-        use super::super::launch_decode::gqa_fused_merge_fits;
+        use super::super::decode::gqa_fused_merge_fits;
         for cap in [100, 1024, 4096, 32768, 131072] {
             let s = decode_splits(cap, 8, Some(1024), GQA_MIN_SPLIT_KEYS);
             assert!(gqa_fused_merge_fits(2, 256, s), "{cap}: {s}");

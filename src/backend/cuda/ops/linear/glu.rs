@@ -5,10 +5,10 @@
 use crate::kernels::Entry;
 use cudarc::driver::LaunchConfig;
 
-use super::buf::DevPtr;
-use super::error::CudaError;
-use super::launch_ptr::{expect, int, invalid};
-use super::CudaDevice;
+use crate::backend::cuda::runtime::buf::DevPtr;
+use crate::backend::cuda::runtime::error::CudaError;
+use crate::backend::cuda::runtime::kern::{expect, int, invalid};
+use crate::backend::cuda::CudaDevice;
 use crate::kernels::Op;
 
 /// `FUCINA_GLU_WARPS` (1..=16; read once, for tuning runs): warps per block of the `__glu`
@@ -53,7 +53,7 @@ pub struct GemvGluArgs {
     pub act: crate::backend::Activation,
     /// A deferred norm over the input (`__glurs`: xq / xds are its z, each dot scaled by its
     /// rstd), or None (`__glu`).
-    pub rs: Option<super::launch_res::RsArgs>,
+    pub rs: Option<super::res::RsArgs>,
 }
 
 impl CudaDevice {
@@ -61,7 +61,7 @@ impl CudaDevice {
     /// they all fit at once (None: run the GEMV and the GLU apart), or `FUCINA_GLU_WARPS`.
     pub fn gemv_glu_warps(
         &self,
-        e: &super::launch_prefill::KernEntry,
+        e: &crate::backend::cuda::runtime::kern::KernEntry,
         blocks: u32,
         sms: u32,
     ) -> Option<u32> {
@@ -90,7 +90,7 @@ impl CudaDevice {
     /// repacked GEMV instance (q4_0r / q4_kr): one launch instead of the GEMV and the GLU.
     pub fn gemv_glu_ptr(
         &self,
-        e: &super::launch_prefill::KernEntry,
+        e: &crate::backend::cuda::runtime::kern::KernEntry,
         a: &GemvGluArgs,
         sms: u32,
     ) -> Result<(), CudaError> {

@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::buf::{memset, read_ptr, DevBuf, DevPtr, Pool};
-use super::error::{drv, CudaError};
-use super::launch_moe::expert_bytes;
-use super::launch_moe::MoeDims;
-use super::launch_ptr::weight_block;
-use super::types::GpuWeight;
-use super::CudaDevice;
+use super::launch::expert_bytes;
+use super::launch::MoeDims;
+use crate::backend::cuda::runtime::buf::{memset, read_ptr, DevBuf, DevPtr, Pool};
+use crate::backend::cuda::runtime::error::{drv, CudaError};
+use crate::backend::cuda::runtime::kern::weight_block;
+use crate::backend::cuda::runtime::types::GpuWeight;
+use crate::backend::cuda::CudaDevice;
 use crate::backend::Activation;
 use crate::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
 

@@ -4,11 +4,11 @@
 use crate::kernels::Entry;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::buf::DevPtr;
-use super::error::{drv, CudaError};
-use super::launch_attn::kv_elem_bytes;
-use super::types::Q8Ptrs;
-use super::CudaDevice;
+use super::launch::kv_elem_bytes;
+use crate::backend::cuda::runtime::buf::DevPtr;
+use crate::backend::cuda::runtime::error::{drv, CudaError};
+use crate::backend::cuda::runtime::types::Q8Ptrs;
+use crate::backend::cuda::CudaDevice;
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
 use crate::ops::sample::SampleParams;
 
@@ -210,7 +210,7 @@ impl CudaDevice {
         q: DevPtr<f32>,
         k_cache: DevPtr<u8>,
         v_cache: DevPtr<u8>,
-        scales: super::launch_attn::KvScales,
+        scales: super::launch::KvScales,
         block_table: DevPtr<i32>,
         q_pos: DevPtr<i32>,
         part_o: DevPtr<f32>,

@@ -7,8 +7,8 @@
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
-use super::error::{drv, CudaError};
-use super::CudaDevice;
+use crate::backend::cuda::runtime::error::{drv, CudaError};
+use crate::backend::cuda::CudaDevice;
 use crate::backend::{Activation, Norm};
 use crate::kernels::{KernelSpec, Op};
 use crate::ops::RopeLayout;

@@ -4,8 +4,8 @@
 //! - `rmsnorm__warp{4,8,16,32}`: one warp per group of `dim <= 32 M` values (per-head norms of
 //!   many rows), bit-identical to the one-block-per-group main entry;
 //! - `geglu__vec` / `swiglu__vec`: 4 columns per thread (float4), optionally also the bf16 copy
-//!   of the output (the prefill GEMM's A operand: [`super::types::Bf16Side`]);
-//! - `attn_prep__rows{4,8,16}`: see `launch_fused.rs` (`attn_prep_rows_ptr`).
+//!   of the output (the prefill GEMM's A operand: [`crate::backend::cuda::runtime::types::Bf16Side`]);
+//! - `attn_prep__rows{4,8,16}`: see `../attention/prep.rs` (`attn_prep_rows_ptr`).
 //!
 //! Shapes are validated against the pointers (errors, never panics); each launch states the
 //! kernel signature it matches.
@@ -13,10 +13,12 @@
 use crate::kernels::Entry;
 use cudarc::driver::LaunchConfig;
 
-use super::buf::DevPtr;
-use super::error::CudaError;
-use super::launch_ptr::{expect, grid, int, invalid, Kern, NormWeightPtr};
-use super::CudaDevice;
+use super::launch::NormWeightPtr;
+use crate::backend::cuda::runtime::buf::DevPtr;
+use crate::backend::cuda::runtime::error::CudaError;
+use crate::backend::cuda::runtime::kern::KernEntry;
+use crate::backend::cuda::runtime::kern::{expect, grid, int, invalid};
+use crate::backend::cuda::CudaDevice;
 use crate::kernels::Op;
 
 /// Rows from which the backend takes the multi-row entries (fewer: the decode kernels, whose
@@ -25,24 +27,6 @@ pub const PREFILL_MIN_ROWS: usize = 9;
 
 /// Groups per block of the warp-per-group entries (256 threads).
 const WARPS_PER_BLOCK: usize = 8;
-
-/// A loaded secondary entry of an instance. Only [`CudaDevice::kern_entry`] makes one; each
-/// launch helper checks the op and the entry, so a launch never pairs an argument list with the
-/// wrong entry.
-#[derive(Debug, Clone)]
-pub struct KernEntry {
-    pub(super) kern: Kern,
-    pub(super) entry: Entry,
-}
-
-impl KernEntry {
-    pub fn spec(&self) -> &'static crate::kernels::KernelSpec {
-        self.kern.spec
-    }
-    pub fn entry(&self) -> Entry {
-        self.entry
-    }
-}
 
 /// The `rmsnorm__warp<M>` entry for groups of `dim` values (None: dim > 1024, use the block
 /// per group main entry).
@@ -83,17 +67,6 @@ pub fn glu_vec_ok(
 }
 
 impl CudaDevice {
-    /// Load the entry `e` of instance `k`.
-    pub fn kern_entry(&self, k: &Kern, e: Entry) -> Result<KernEntry, CudaError> {
-        Ok(KernEntry {
-            kern: Kern {
-                spec: k.spec,
-                f: self.function_entry(k.spec, e)?,
-            },
-            entry: e,
-        })
-    }
-
     /// RMSNorm over groups of `dim <= 1024` values, one warp per group (`rmsnorm__warp<M>`):
     /// the main entry's results bit for bit. `x` and `y` the same length (may alias).
     pub fn rms_norm_rows_ptr(

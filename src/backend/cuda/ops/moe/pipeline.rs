@@ -12,13 +12,13 @@
 //! 5. `moe_combine`: `out[t] = sum_j w[t][j] * d[t*k + j]`.
 //!
 //! A decode step whose MoE input carries an int8 side-car takes the fused path instead
-//! (`moe_decode.rs`, through `Backend::moe_routed`: the router GEMV and steps 1-5 in three
+//! (`decode.rs`, through `Backend::moe_routed`: the router GEMV and steps 1-5 in three
 //! launches).
 //!
 //! Prefill from [`PREFILL_GEMM_MIN_TOKENS`] tokens runs on tensor cores when the banks allow it:
-//! grouped on the device, one GEMM launch per projection over all experts (`moe_grouped.rs`,
-//! formats [`GROUPED_FORMATS`](super::moe_grouped::GROUPED_FORMATS)), else by expert with the
-//! routing sent to the host and a `gemm` per used expert (`moe_prefill.rs`, the fallback for the
+//! grouped on the device, one GEMM launch per projection over all experts (`grouped.rs`,
+//! formats [`GROUPED_FORMATS`](super::grouped::GROUPED_FORMATS)), else by expert with the
+//! routing sent to the host and a `gemm` per used expert (`by_expert.rs`, the fallback for the
 //! other GEMM formats). Otherwise, from [`ORDER_MIN_TOKENS`] tokens, the grouped GEMV still runs without a
 //! host round trip: the router's `__order` kernel sorts the (token, slot) pairs by expert on the device and
 //! the GEMV launches them in that order, so the pairs of one expert run back to back and read its
@@ -28,19 +28,19 @@
 
 use std::sync::Arc;
 
-use super::buf::{DevBuf, DevPtr, Pool};
-use super::error::CudaError;
-pub use super::launch_moe::MoeDims;
-use super::launch_moe::{expert_bytes, MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
-use super::launch_ptr::weight_block;
-use super::types::GpuWeight;
-use super::CudaDevice;
+pub use super::launch::MoeDims;
+use super::launch::{expert_bytes, MoeGemvArgs, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
+use crate::backend::cuda::runtime::buf::{DevBuf, DevPtr, Pool};
+use crate::backend::cuda::runtime::error::CudaError;
+use crate::backend::cuda::runtime::kern::weight_block;
+use crate::backend::cuda::runtime::types::GpuWeight;
+use crate::backend::cuda::CudaDevice;
 use crate::backend::MoeParams;
 use crate::kernels::{BatchBucket, HeadDim, Op, Quant};
 
 /// From this many tokens on, pairs are ordered by expert before the expert GEMVs.
 pub const ORDER_MIN_TOKENS: usize = 9;
-/// From this many tokens on, prefill runs by expert on tensor cores (`moe_prefill.rs`) when all
+/// From this many tokens on, prefill runs by expert on tensor cores (`by_expert.rs`) when all
 /// three banks have a `gemm` instance and 16-byte aligned experts.
 pub const PREFILL_GEMM_MIN_TOKENS: usize = 64;
 
@@ -71,8 +71,8 @@ pub fn prefill_grouped_enabled() -> bool {
 
 /// The path `moe` takes for `n` tokens over banks of these formats and shapes.
 pub fn moe_path(n: usize, d: &MoeDims, q: [Quant; 3]) -> MoePath {
-    use super::moe_grouped::grouped_ready;
-    use super::moe_prefill::gemm_ready;
+    use super::by_expert::gemm_ready;
+    use super::grouped::grouped_ready;
     let prefill = n >= PREFILL_GEMM_MIN_TOKENS && prefill_gemm_enabled();
     if prefill && prefill_grouped_enabled() && grouped_ready(q, d) {
         MoePath::Grouped
@@ -170,7 +170,7 @@ pub fn moe_dims(
 }
 
 /// A bank's bytes as one pointer (all experts), checked against its shape.
-pub(super) fn bank(
+pub(in crate::backend::cuda) fn bank(
     w: &GpuWeight,
     dims_rows: usize,
     dims_cols: usize,
@@ -193,7 +193,10 @@ pub(super) fn bank(
 }
 
 /// Pooled scratch typed as `T` (exactly `len` values).
-pub(super) fn scratch<T>(pool: &Arc<Pool>, len: usize) -> Result<(DevBuf, DevPtr<T>), CudaError> {
+pub(in crate::backend::cuda) fn scratch<T>(
+    pool: &Arc<Pool>,
+    len: usize,
+) -> Result<(DevBuf, DevPtr<T>), CudaError> {
     let buf = pool.alloc(len * std::mem::size_of::<T>())?;
     let p = buf
         .ptr::<T>()

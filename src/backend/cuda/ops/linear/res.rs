@@ -8,12 +8,13 @@
 use crate::kernels::Entry;
 use cudarc::driver::LaunchConfig;
 
-use super::buf::DevPtr;
-use super::error::CudaError;
-use super::launch_linear::gemv_default_grid;
-use super::launch_prefill::KernEntry;
-use super::launch_ptr::{expect, int, invalid, NormWeightPtr};
-use super::CudaDevice;
+use super::launch::gemv_default_grid;
+use crate::backend::cuda::ops::elementwise::launch::NormWeightPtr;
+use crate::backend::cuda::runtime::buf::DevPtr;
+use crate::backend::cuda::runtime::error::CudaError;
+use crate::backend::cuda::runtime::kern::KernEntry;
+use crate::backend::cuda::runtime::kern::{expect, int, invalid};
+use crate::backend::cuda::CudaDevice;
 use crate::kernels::{KernelSpec, Op, Quant};
 
 /// A norm handed over deferred: the partial sums of squares its `__res` launch wrote (one per
@@ -363,7 +364,7 @@ impl CudaDevice {
 
 #[cfg(test)]
 mod tests {
-    use super::super::launch_linear::bs1;
+    use super::super::launch::bs1;
     use super::*;
 
     /// `__rs2` only for q6_kr matrices whose `__rs` grid would fill fewer than a third of the

@@ -7,10 +7,10 @@
 use crate::kernels::Entry;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::buf::DevPtr;
-use super::error::{drv, CudaError};
-use super::launch_ptr::weight_block;
-use super::CudaDevice;
+use crate::backend::cuda::runtime::buf::DevPtr;
+use crate::backend::cuda::runtime::error::{drv, CudaError};
+use crate::backend::cuda::runtime::kern::weight_block;
+use crate::backend::cuda::CudaDevice;
 use crate::kernels::{KernelSpec, Op, Quant};
 
 /// Most experts `moe_route` handles (8 router values per lane of a warp).

@@ -4,9 +4,10 @@
 
 use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
 
-use super::buf::DevPtr;
-use super::error::{drv, CudaError};
-use super::CudaDevice;
+use crate::backend::cuda::runtime::buf::DevPtr;
+use crate::backend::cuda::runtime::error::{drv, CudaError};
+use crate::backend::cuda::runtime::types::GpuKvCache;
+use crate::backend::cuda::CudaDevice;
 use crate::kernels::Quant;
 use crate::kernels::{KernelSpec, Op};
 
@@ -77,6 +78,23 @@ impl KvLayout {
         i32::try_from(self.pages() * self.page_size)
             .map_err(|_| invalid(op, "capacity exceeds i32".into()))?;
         Ok(())
+    }
+}
+
+impl GpuKvCache {
+    /// The row scales as the kernels take them (null for an f16 cache).
+    pub fn kv_scales(&self) -> KvScales {
+        match &self.scales {
+            Some(b) => {
+                let all = b.ptr::<u16>();
+                let rows = all.len() / 2;
+                KvScales {
+                    k: all.slice(0, rows).unwrap_or(all),
+                    v: all.slice(rows, rows).unwrap_or(all),
+                }
+            }
+            None => KvScales::none(),
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use cudarc::driver::{sys, CudaStream};
 
 use super::buf::bind;
 use super::error::{drv, CudaError};
-use super::CudaDevice;
+use crate::backend::cuda::CudaDevice;
 
 /// A captured, instantiated step: the graph and its executable, destroyed together.
 pub struct StepGraph {

@@ -1,42 +1,20 @@
-//! Launches on raw device pointers ([`DevPtr`]), what the CUDA backend uses: every kernel the
-//! model ops need, resolved once into a [`Kern`] (spec + loaded function, so a launch does no
-//! lookup and no string work), plus strided 2-D copies. Each helper validates its shapes against
-//! the pointers' lengths (an error, never a panic) and states the kernel signature it matches.
-//!
-//! The `CudaSlice` helpers in `launch.rs` / `launch_linear.rs` (used by the per-kernel selftest)
-//! launch the same kernels; these are their pointer twins.
+//! Launches of the elementwise, norm, RoPE, GLU, embedding and cast kernels on raw device
+//! pointers ([`DevPtr`]), what the CUDA backend uses. Each validates its shapes against the
+//! pointers' lengths (an error, never a panic) and states the kernel signature it matches; the
+//! `CudaSlice` launches in `slice.rs` (the per-kernel selftest's) are their twins.
 
-use crate::kernels::Entry;
-use cudarc::driver::{sys, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
-use super::buf::DevPtr;
-use super::error::{drv, CudaError};
-use super::launch::RopeLaunch;
-use super::types::Q8Ptrs;
-use super::CudaDevice;
-use crate::kernels::{KernelSpec, Op, Quant};
+use super::slice::RopeLaunch;
+use crate::backend::cuda::runtime::buf::DevPtr;
+use crate::backend::cuda::runtime::error::CudaError;
+use crate::backend::cuda::runtime::kern::{
+    expect, grid, int, invalid, q8_args, weight_block, Kern, KernQ8,
+};
+use crate::backend::cuda::runtime::types::Q8Ptrs;
+use crate::backend::cuda::CudaDevice;
+use crate::kernels::Op;
 use crate::ops::RopeLayout;
-
-/// A resolved kernel instance: its spec and its loaded main function.
-#[derive(Debug, Clone)]
-pub struct Kern {
-    pub spec: &'static KernelSpec,
-    pub f: CudaFunction,
-}
-
-/// The `<name>__q8` entry of an rmsnorm / glu instance: the same kernel that also writes the
-/// int8 side-car of its output (extra `signed char* xq, float2* xds` arguments). Only
-/// [`CudaDevice::kern_q8`] makes one, so a launch can never pair the wrong argument list with
-/// the wrong entry.
-#[derive(Debug, Clone)]
-pub struct KernQ8(Kern);
-
-impl KernQ8 {
-    pub fn spec(&self) -> &'static KernelSpec {
-        self.0.spec
-    }
-}
-
 /// Mode of the `ewise` kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EwiseMode {
@@ -68,113 +46,26 @@ pub enum NormWeightPtr {
     None,
 }
 
-pub(super) fn invalid(op: &'static str, detail: String) -> CudaError {
-    CudaError::Invalid { op, detail }
-}
-
-pub(super) fn int(op: &'static str, what: &str, v: usize) -> Result<i32, CudaError> {
-    i32::try_from(v).map_err(|_| invalid(op, format!("{what} = {v} exceeds i32")))
-}
-
-pub(super) fn grid(op: &'static str, n: usize) -> Result<u32, CudaError> {
-    u32::try_from(n)
-        .ok()
-        .filter(|&b| b > 0 && b < (1u32 << 31))
-        .ok_or_else(|| invalid(op, format!("grid of {n} blocks is out of range")))
-}
-
-pub(super) fn expect(k: &Kern, ops: &[Op], op: &'static str) -> Result<(), CudaError> {
-    if ops.contains(&k.spec.key.op) {
-        Ok(())
-    } else {
-        Err(invalid(
-            op,
-            format!("instance {} is not a {op} kernel", k.spec.name),
-        ))
-    }
-}
-
 fn same_instance(k: &Kern, q: &KernQ8, op: &'static str) -> Result<(), CudaError> {
-    if k.spec.key == q.0.spec.key {
+    if k.spec.key == q.kern().spec.key {
         Ok(())
     } else {
         Err(invalid(
-            op,
-            format!("side-car entry of {} with {}", q.0.spec.name, k.spec.name),
-        ))
-    }
-}
-
-/// The raw `(xq, xds)` kernel arguments of an optional int8 side-car over `len` values written
-/// in groups of 32 that never straddle a `unit` (a norm group or an output row): null pointers
-/// without one; with one, `unit % 32 == 0` and room for `len` int8 values and `len / 32` pairs.
-pub(crate) fn q8_args(
-    op: &'static str,
-    q8: Option<Q8Ptrs>,
-    len: usize,
-    unit: usize,
-) -> Result<(u64, u64), CudaError> {
-    let Some((q, ds)) = q8 else {
-        return Ok((0, 0));
-    };
-    if unit == 0 || unit % 32 != 0 || len % unit != 0 || q.len() < len || ds.len() < len / 16 {
-        return Err(invalid(
             op,
             format!(
-                "side-car of {} int8 / {} floats for {len} values in groups of {unit}",
-                q.len(),
-                ds.len()
+                "side-car entry of {} with {}",
+                q.kern().spec.name,
+                k.spec.name
             ),
-        ));
+        ))
     }
-    Ok((q.raw(), ds.raw()))
 }
-
 /// Blocks of a grid-stride elementwise launch over `n` values (enough to fill a large GPU).
 fn stride_grid(n: usize, threads: usize) -> u32 {
     n.div_ceil(threads).clamp(1, 65_536) as u32
 }
 
 impl CudaDevice {
-    /// Resolve and load the best instance of `(op, quant, batch)` for this device.
-    pub fn kern(
-        &self,
-        op: Op,
-        quant: Quant,
-        batch: crate::kernels::BatchBucket,
-    ) -> Result<Kern, CudaError> {
-        let spec = self.resolve(op, quant, crate::kernels::HeadDim::Any, batch)?;
-        Ok(Kern {
-            spec,
-            f: self.function(spec)?,
-        })
-    }
-
-    /// The side-car entry (`__q8`) of `k`, an rmsnorm or glu instance.
-    pub fn kern_q8(&self, k: &Kern) -> Result<KernQ8, CudaError> {
-        expect(k, &[Op::RmsNorm, Op::Geglu, Op::Swiglu], "kern_q8")?;
-        Ok(KernQ8(Kern {
-            spec: k.spec,
-            f: self.function_entry(k.spec, Entry::Q8)?,
-        }))
-    }
-
-    pub(super) fn go(
-        &self,
-        k: &Kern,
-        cfg: LaunchConfig,
-        args: &[&dyn ArgPush],
-    ) -> Result<(), CudaError> {
-        let mut b = self.stream().launch_builder(&k.f);
-        for a in args {
-            a.push(&mut b);
-        }
-        // SAFETY: every caller passes the argument list of its kernel's signature (stated at the
-        // call) and has checked that each pointer addresses what the kernel reads and writes.
-        unsafe { b.launch(cfg) }.map_err(drv(format!("launching {}", k.spec.name)))?;
-        Ok(())
-    }
-
     /// RMSNorm over groups of `dim` values of `x` into `y` (same length; may alias).
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm_ptr(
@@ -209,7 +100,7 @@ impl CudaDevice {
         }
         let cfg = LaunchConfig {
             grid_dim: (grid(OP, x.len() / dim)?, 1, 1),
-            block_dim: (super::launch::norm_block_threads(k.spec, dim), 1, 1),
+            block_dim: (super::slice::norm_block_threads(k.spec, dim), 1, 1),
             shared_mem_bytes: 0,
         };
         let (xp, wp, yp, d) = (x.raw(), wp.raw(), y.raw(), int(OP, "dim", dim)?);
@@ -219,7 +110,7 @@ impl CudaDevice {
             // __q8: (..., float eps, signed char* xq, float2* xds)
             Some((kq, _)) => {
                 same_instance(k, kq, OP)?;
-                self.go(&kq.0, cfg, &[&xp, &wp, &yp, &d, &mode, &eps, &qp, &dp])
+                self.go(&kq.kern(), cfg, &[&xp, &wp, &yp, &d, &mode, &eps, &qp, &dp])
             }
         }
     }
@@ -387,7 +278,7 @@ impl CudaDevice {
             Some((kq, _)) => {
                 same_instance(k, kq, OP)?;
                 self.go(
-                    &kq.0,
+                    &kq.kern(),
                     cfg,
                     &[&gp, &upp, &op, &r, &c, &sg, &su, &so, &qp, &dp],
                 )
@@ -602,142 +493,4 @@ impl CudaDevice {
         // (const float* x, i8* xq, float2* xds, int n_groups)
         self.go(k, cfg, &[&xp, &qp, &dp, &groups])
     }
-
-    /// `c[m][n] = a[m][k] . w[n][k]^T` with `a` bf16 bits, `w` in the instance's format
-    /// (bf16 or a GGUF block format; not fp8, whose scales this helper does not take).
-    pub fn gemm_ptr(
-        &self,
-        kn: &Kern,
-        a: DevPtr<u16>,
-        w: DevPtr<u8>,
-        c: DevPtr<f32>,
-        (m, n, k): (usize, usize, usize),
-    ) -> Result<(), CudaError> {
-        const OP: &str = "gemm";
-        expect(kn, &[Op::Gemm], OP)?;
-        let q = kn.spec.key.quant;
-        if q == Quant::Fp8E4m3 {
-            return Err(invalid(
-                OP,
-                "fp8 gemm needs scales: not through gemm_ptr".into(),
-            ));
-        }
-        let (be, bb) = weight_block(q).ok_or_else(|| invalid(OP, format!("no gemm for {q}")))?;
-        if m == 0 || n == 0 || k == 0 || (k * 2) % 16 != 0 || k % be != 0 {
-            return Err(invalid(
-                OP,
-                format!("m={m} n={n} k={k}: k must be a multiple of 8 and of {be}"),
-            ));
-        }
-        if a.len() < m * k || w.len() < n * (k / be) * bb || c.len() < m * n {
-            return Err(invalid(
-                OP,
-                format!("a {} / w {} / c {} too small", a.len(), w.len(), c.len()),
-            ));
-        }
-        let tile = kn.spec.param_u32("tile").unwrap_or(64) as usize;
-        let cfg = LaunchConfig {
-            grid_dim: (grid(OP, n.div_ceil(tile))?, grid(OP, m.div_ceil(tile))?, 1),
-            block_dim: ((64 * tile / 32) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (ap, wp, cp) = (a.raw(), w.raw(), c.raw());
-        let (mi, ni, ki, kb) = (
-            int(OP, "m", m)?,
-            int(OP, "n", n)?,
-            int(OP, "k", k)?,
-            k.div_ceil(128) as i32,
-        );
-        let null = 0u64;
-        // (const u8* A, const u8* W, float* C, int M, int N, int K, const float* w_scale,
-        //  const float* a_scale, int ws_cols); the scales are read only by fp8 instances
-        self.go(kn, cfg, &[&ap, &wp, &cp, &mi, &ni, &ki, &null, &null, &kb])
-    }
-}
-
-/// One kernel argument (a pointer as `u64`, or a scalar).
-pub(super) trait ArgPush {
-    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
-}
-macro_rules! arg_push {
-    ($($t:ty),*) => {$(
-        impl ArgPush for $t {
-            fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
-                b.arg(self);
-            }
-        }
-    )*};
-}
-arg_push!(u64, i64, i32, f32);
-
-/// Copy `height` rows of `width` values from `src` (row pitch `src_pitch` values) to `dst` (row
-/// pitch `dst_pitch`): stream-ordered and capturable (a memcpy node in a CUDA graph).
-pub fn copy_2d(
-    stream: &CudaStream,
-    dst: DevPtr<f32>,
-    dst_pitch: usize,
-    src: DevPtr<f32>,
-    src_pitch: usize,
-    width: usize,
-    height: usize,
-) -> Result<(), CudaError> {
-    const OP: &str = "copy_2d";
-    if width == 0 || height == 0 {
-        return Ok(());
-    }
-    let span = |pitch: usize| (height - 1) * pitch + width;
-    if width > src_pitch
-        || width > dst_pitch
-        || src.len() < span(src_pitch)
-        || dst.len() < span(dst_pitch)
-    {
-        return Err(invalid(
-            OP,
-            format!(
-                "{height} rows of {width} from {} (pitch {src_pitch}) into {} (pitch {dst_pitch})",
-                src.len(),
-                dst.len()
-            ),
-        ));
-    }
-    const F: usize = std::mem::size_of::<f32>();
-    let cp = sys::CUDA_MEMCPY2D {
-        srcXInBytes: 0,
-        srcY: 0,
-        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        srcHost: std::ptr::null(),
-        srcDevice: src.raw(),
-        srcArray: std::ptr::null_mut(),
-        srcPitch: src_pitch * F,
-        dstXInBytes: 0,
-        dstY: 0,
-        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        dstHost: std::ptr::null_mut(),
-        dstDevice: dst.raw(),
-        dstArray: std::ptr::null_mut(),
-        dstPitch: dst_pitch * F,
-        WidthInBytes: width * F,
-        Height: height,
-    };
-    super::buf::bind(stream)?;
-    // SAFETY: both pointers address the spans checked above (their contract); the descriptor
-    // is read by the driver during the call.
-    unsafe { sys::cuMemcpy2DAsync_v2(&cp, stream.cu_stream()) }
-        .result()
-        .map_err(drv("strided device->device copy"))
-}
-
-/// (elements, bytes) of one block of a GEMV/GEMM weight format.
-pub fn weight_block(q: Quant) -> Option<(usize, usize)> {
-    Some(match q {
-        Quant::F32 => (1, 4),
-        Quant::F16 | Quant::Bf16 => (1, 2),
-        Quant::Fp8E4m3 => (1, 1),
-        Quant::Q8_0 | Quant::Q8_0R => (32, 34),
-        Quant::Q4_0 | Quant::Q4_0R => (32, 18),
-        Quant::Q5_0 => (32, 22),
-        Quant::Q4K | Quant::Q4KR => (256, 144),
-        Quant::Q6K | Quant::Q6KR => (256, 210),
-        Quant::NvFp4 => return None,
-    })
 }

@@ -1,7 +1,7 @@
 //! The fused MoE decode step: the routed experts of a MoE block in three launches (per layer and
 //! decode step) instead of eight, from the block's input and its int8 side-car:
 //!
-//! | unfused (`moe.rs`, router in `linear`)                  | fused          |
+//! | unfused (`pipeline.rs`, router in `linear`)                  | fused          |
 //! |---------------------------------------------------------|----------------|
 //! | `gemv` (router logits), `moe_route`                     | `moe_router`   |
 //! | `quantize_q8` (x), `moe_gemv` (gate\|up), GLU, `quantize_q8` (h) | `moe_gate_up` |
@@ -16,19 +16,19 @@
 //! qdot over staged rows), the same routing code (lib/route). Like the unfused decode path it
 //! allocates only pooled scratch and never synchronises, so a recorded decode step replays it.
 //!
-//! Taken (see [`CudaBackend::moe_routed`](super::CudaBackend)) for inputs carrying a side-car
+//! Taken (see [`CudaBackend::moe_routed`](crate::backend::cuda::CudaBackend)) for inputs carrying a side-car
 //! (one-row decode steps after rmsnorm / add_rmsnorm) when the router is F32 / F16 / BF16 / Q8_0
 //! and the banks GGUF block formats (gate and up of one format); otherwise the unfused ops run.
 
 use std::sync::Arc;
 
-use super::buf::{DevBuf, DevPtr, Pool};
-use super::error::CudaError;
-use super::launch_moe_fused::{MoeDownArgs, MoeGateUpArgs, MoeRouterArgs, RouterNorm};
-use super::launch_ptr::Kern;
-use super::moe::{bank, moe_dims, scratch};
-use super::types::{GpuWeight, Q8Ptrs};
-use super::CudaDevice;
+use super::launch_fused::{MoeDownArgs, MoeGateUpArgs, MoeRouterArgs, RouterNorm};
+use super::pipeline::{bank, moe_dims, scratch};
+use crate::backend::cuda::runtime::buf::{DevBuf, DevPtr, Pool};
+use crate::backend::cuda::runtime::error::CudaError;
+use crate::backend::cuda::runtime::kern::Kern;
+use crate::backend::cuda::runtime::types::{GpuWeight, Q8Ptrs};
+use crate::backend::cuda::CudaDevice;
 use crate::backend::MoeParams;
 use crate::kernels::Quant;
 

@@ -1,4 +1,4 @@
-//! Launch-argument validation of the fused MoE decode kernels (`launch_moe_fused.rs`).
+//! Launch-argument validation of the fused MoE decode kernels (`launch_fused.rs`).
 use super::*;
 
 fn p<T>(addr: u64, len: usize) -> DevPtr<T> {
@@ -34,7 +34,7 @@ fn router_norm_validation() {
         a: p(0x800_0000, k),
         b: p(0x900_0000, k),
         s: p(0xa00_0000, k),
-        w: super::super::launch_ptr::NormWeightPtr::Plain(p(0xb00_0000, k)),
+        w: crate::backend::cuda::ops::elementwise::launch::NormWeightPtr::Plain(p(0xb00_0000, k)),
         eps: 1e-6,
         xq: p(0xc00_0000, k),
         xds: p(0xd00_0000, k / 16),
@@ -70,7 +70,10 @@ fn router_norm_validation() {
             ..nm
         },
         RouterNorm {
-            w: super::super::launch_ptr::NormWeightPtr::OnePlus(p(0xb00_0000, k - 32)),
+            w: crate::backend::cuda::ops::elementwise::launch::NormWeightPtr::OnePlus(p(
+                0xb00_0000,
+                k - 32,
+            )),
             ..nm
         },
         RouterNorm {
