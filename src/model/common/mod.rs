@@ -4,6 +4,7 @@
 pub mod blocks;
 pub mod config;
 pub mod replay;
+pub mod residual;
 pub mod session;
 pub mod source;
 

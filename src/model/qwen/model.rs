@@ -4,11 +4,10 @@
 
 use std::sync::Arc;
 
-use crate::backend::{
-    Activation, AttnParams, Backend, KvShape, LogitRows, MoeParams, NormNext, Rope, StepOf,
-};
+use crate::backend::{Activation, AttnParams, Backend, KvShape, MoeParams, Rope, StepOf};
 use crate::bk;
 use crate::model::common::prefill_chunk;
+use crate::model::common::residual::Residual;
 use crate::model::common::session::{Decoder, DecoderSession, StepOutput};
 use crate::model::common::source::BankSource;
 use crate::model::common::{
@@ -39,43 +38,6 @@ struct Layer<B: Backend> {
     mixer: MixerW<B>,
     post_norm: NormW<B>,
     ffn: Ffn<B>,
-}
-
-/// What the residual stream still has to add.
-enum Pending<'w, B: Backend> {
-    /// A branch output.
-    Y(B::Tensor),
-    /// A branch's last input and its output projection (o_proj, down): applied together with
-    /// the add and the next norm where that norm feeds projections.
-    Proj(B::Tensor, &'w B::Weight),
-}
-
-impl<B: Backend> Pending<'_, B> {
-    /// The branch output.
-    fn output(self, be: &B) -> R<B::Tensor> {
-        match self {
-            Pending::Y(y) => Ok(y),
-            Pending::Proj(x, w) => bk!(be.linear(&x, w)),
-        }
-    }
-}
-
-/// `norm(h + pending)` (h updated to the sum), or `norm(h)` with nothing pending.
-fn norm_pending<B: Backend>(
-    be: &B,
-    norm: &NormW<B>,
-    h: &mut B::Tensor,
-    pending: Option<Pending<'_, B>>,
-) -> R<B::Tensor> {
-    match pending {
-        None => norm.apply(be, h),
-        Some(p) => {
-            let y = p.output(be)?;
-            let (s, x) = norm.add_apply(be, h, &y)?;
-            *h = s;
-            Ok(x)
-        }
-    }
 }
 
 /// A loaded Qwen-family model.
@@ -407,129 +369,44 @@ impl<B: Backend> QwenModel<B> {
         step: &StepOf<B>,
         states: &mut [LayerState<B>],
     ) -> R<StepOutput<B::Tensor>> {
-        let m = self;
-        let be = &*m.be;
-        let n = step.plan().rows();
-        let rows = step.plan().logits();
-        let all = rows == LogitRows::All;
-        let mut h = bk!(be.embed(&m.embed, step, 1.0))?;
-        // The residual stream is h + y: every add is fused with the norm that follows it (the
-        // post-attention norm, the next layer's input norm, the final norm), and where the
-        // branch ends in a projection (o_proj, down) and the norm feeds projections (gate|up,
-        // q/k/v), with those too (`Backend::linear_add_rms_norm_then`).
-        let mut pending: Option<Pending<'_, B>> = None;
-        for (layer, st) in m.layers.iter().zip(states.iter_mut()) {
-            let branch = match (&layer.mixer, st) {
-                (MixerW::Attn(a), LayerState::Kv(c)) => {
-                    let out = match pending.take() {
-                        Some(Pending::Proj(xin, w))
-                            if !a.may_fuse_prep()
-                                || bk!(be.defers_norm(w, &NormNext::Linear(&a.qkv.weights())))? =>
-                        {
-                            let ws = a.qkv.weights();
-                            let (s, outs) = layer.attn_norm.linear_add_then(
-                                be,
-                                (&xin, w),
-                                &h,
-                                &NormNext::Linear(&ws),
-                            )?;
-                            h = s;
-                            a.attend(be, a.qkv.split(be, outs)?, c, step)?
-                        }
-                        // where the norm is not deferred, the projection, the add and the norm
-                        // run as their ops, so q|k|v can join the attention input
-                        p => {
-                            let x = norm_pending(be, &layer.attn_norm, &mut h, p)?;
-                            // q|k|v and the attention input in one op where the backend has it
-                            match a.attend_fused(be, &x, c, step)? {
-                                Some(out) => out,
-                                None => a.attend(be, a.qkv.forward(be, &x)?, c, step)?,
-                            }
-                        }
-                    };
-                    Pending::Proj(out, &a.o)
+        let be = &*self.be;
+        let mut res = Residual::new(bk!(be.embed(&self.embed, step, 1.0))?);
+        for (layer, st) in self.layers.iter().zip(states.iter_mut()) {
+            match (&layer.mixer, st) {
+                (MixerW::Attn(a), LayerState::Kv(cache)) => {
+                    let out = res.attend(be, &layer.attn_norm, a, cache, step)?;
+                    res.add_projected(out, &a.o);
                 }
                 (MixerW::Gdn(g), LayerState::Gdn(s)) => {
-                    let x = norm_pending(be, &layer.attn_norm, &mut h, pending.take())?;
-                    Pending::Y(g.forward(be, &x, s)?)
+                    let x = res.norm(be, &layer.attn_norm)?;
+                    res.add(g.forward(be, &x, s)?);
                 }
                 _ => {
                     return Err(ModelError::Other(
                         "layer state does not match its mixer".into(),
                     ))
                 }
-            };
-            let d = match &layer.ffn {
-                Ffn::Dense(d) => d,
+            }
+            match &layer.ffn {
+                Ffn::Dense(d) => {
+                    let g = res.gated(be, &layer.post_norm, d)?;
+                    res.add_projected(g, &d.down);
+                }
                 Ffn::Moe(moe) => {
-                    let y = branch.output(be)?;
-                    // a MoE block may take the residual add and its norm into its router (one
-                    // launch)
-                    if let Some((s, out)) = moe.add_norm_forward(be, &layer.post_norm, &h, &y)? {
-                        h = s;
-                        pending = Some(Pending::Y(out));
-                        continue;
-                    }
-                    let (s, x) = layer.post_norm.add_apply(be, &h, &y)?;
-                    h = s;
-                    pending = Some(Pending::Y(moe.forward(be, &x)?));
-                    continue;
+                    let y = res.moe(be, &layer.post_norm, moe)?;
+                    res.add(y);
                 }
-            };
-            let g = match branch {
-                Pending::Proj(xin, w) => {
-                    let next = match &d.gate_up {
-                        GateUp::Fused(gu) => NormNext::Glu(gu, d.act),
-                        GateUp::Split { gate, up } => NormNext::Linear(&[gate, up]),
-                    };
-                    let (s, mut outs) =
-                        layer.post_norm.linear_add_then(be, (&xin, w), &h, &next)?;
-                    h = s;
-                    match (&next, outs.len()) {
-                        (NormNext::Glu(..), 1) => outs.pop().expect("one output"),
-                        (NormNext::Linear(_), 2) => {
-                            let u = outs.pop().expect("two outputs");
-                            let gt = outs.pop().expect("two outputs");
-                            bk!(be.glu(&gt, &u, d.act))?
-                        }
-                        (_, n) => {
-                            return Err(ModelError::Other(format!(
-                                "{n} outputs of the gate/up projections"
-                            )))
-                        }
-                    }
-                }
-                Pending::Y(y) => {
-                    let (s, x) = layer.post_norm.add_apply(be, &h, &y)?;
-                    h = s;
-                    d.gate_up.forward(be, &x, d.act)?
-                }
-            };
-            pending = Some(Pending::Proj(g, &d.down));
+            }
         }
-        if rows == LogitRows::None {
-            // a prompt chunk before the last: its K/V rows are written, no row reaches the head
-            return Ok(StepOutput {
-                logits: None,
-                hidden: None,
-            });
-        }
-        let pending = pending.map(|p| p.output(be)).transpose()?;
-        // only the last row reaches the head unless every row's logits are asked for (rows are
-        // independent here: slicing h and y first equals slicing their sum)
-        let last = |t: &B::Tensor| -> R<B::Tensor> { Ok(bk!(be.slice_rows(t, n - 1, 1))?) };
-        let (h, pending) = if all || n == 1 {
-            (h, pending)
-        } else {
-            (last(&h)?, pending.as_ref().map(last).transpose()?)
+        // a prompt chunk before the last wants no logits: its K/V rows are written
+        let logits = match res.finish(be, &self.norm, step.plan().logits())? {
+            Some(h) => Some(bk!(
+                be.linear(&h, self.lm_head.as_ref().unwrap_or(&self.embed))
+            )?),
+            None => None,
         };
-        let h = match pending {
-            Some(y) => m.norm.add_apply(be, &h, &y)?.1,
-            None => m.norm.apply(be, &h)?,
-        };
-        let logits = bk!(be.linear(&h, m.lm_head.as_ref().unwrap_or(&m.embed)))?;
         Ok(StepOutput {
-            logits: Some(logits),
+            logits,
             hidden: None,
         })
     }
