@@ -46,16 +46,10 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-/// max |a - b| / max |b|
+/// max |a - b| / max |b| (the selftest's golden metric).
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    let num = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
-    let den = b.iter().map(|y| y.abs()).fold(0f32, f32::max).max(1e-6);
-    num / den
+    fucina::ops::compare::PeakErr::of(a, b).rel as f32
 }
 
 fn argmax(v: &[f32]) -> u32 {

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use fucina::backend::cpu::CpuBackend;
 use fucina::backend::{KvType, Need};
-use fucina::selftest::fidelity::{check_case, fidelity_root, format_rows, load_cases, refused_row};
+use fucina::selftest::models::fidelity::{
+    check_case, fidelity_root, format_rows, load_cases, refused_row,
+};
 
 /// The table, and how many rows fail the case bound or exceed the plain 0.05 (every
 /// case's bound is at least that; HF's own bf16 deviation widens some, but the CPU reference
@@ -20,7 +22,7 @@ fn run(kv: KvType) -> (String, usize) {
     let rows: Vec<_> = cases.iter().map(|c| check_case(c, be.clone())).collect();
     let failed = rows
         .iter()
-        .filter(|r| !r.pass || r.max_dlp > fucina::selftest::fidelity::LOGPROB_BOUND)
+        .filter(|r| !r.pass || r.max_dlp > fucina::selftest::models::fidelity::LOGPROB_BOUND)
         .count();
     let steps: usize = rows.iter().map(|r| r.steps).sum();
     let table = format_rows(&format!("CPU, KV {kv}"), &rows);

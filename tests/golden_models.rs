@@ -11,6 +11,7 @@ use fucina::arch::Arch;
 use fucina::backend::cpu::CpuBackend;
 use fucina::model::registry::{load_model, LoadOptions};
 use fucina::model::CausalLm;
+use fucina::ops::compare::PeakErr;
 use fucina::weights::Checkpoint;
 use serde_json::Value;
 
@@ -107,15 +108,12 @@ fn load(path: &Path) -> Arc<dyn CausalLm> {
     try_load(path).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// max_i |a_i - b_i| / max_i |b_i| for one position.
+/// max_i |a_i - b_i| / max_i |b_i| for one position (the selftest's golden metric).
 fn rel_err(got: &[f32], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len(), "vocab size");
-    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| (*g as f64 - w).abs())
-        .fold(0f64, f64::max)
-        / scale
+    let mut e = PeakErr::default();
+    e.add(got, want.iter().copied());
+    e.rel
 }
 
 fn argmax(x: &[f32]) -> u32 {

@@ -6,6 +6,7 @@
 //! usable; clarity wins every tie.
 
 pub mod activation;
+pub mod compare;
 pub mod norm;
 pub mod rope;
 pub mod softmax;

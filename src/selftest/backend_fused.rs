@@ -17,10 +17,6 @@
 //!   for the multi-row cases (rows >= 9: attn_prep's one-warp-per-head entry against the
 //!   one-warp-per-group rms_norm, both adding squares in the block kernel's order).
 
-use super::backend_ops::{host, tref, Ctx, Pair, R};
-use super::check::uniform;
-use super::checks::add_rmsnorm::side_car_cmp;
-use super::checks::attn_prep::cache_expect;
 use crate::backend::cuda::ops::attention::kv::{kv_layout, kv_quant};
 use crate::backend::cuda::{CudaBackend, GpuKvCache, GpuTensor, KvType};
 use crate::backend::{
@@ -31,9 +27,13 @@ use crate::kernels::{BatchBucket, Op, Quant};
 use crate::ops::qdot::random_weights;
 use crate::ops::RopeLayout;
 use crate::quant::GgmlType;
+use crate::selftest::attention::attn_prep::cache_expect;
+use crate::selftest::backend_ops::{host, tref, Ctx, Pair, R};
+use crate::selftest::check::uniform;
+use crate::selftest::elementwise::add_rmsnorm::side_car_cmp;
 
 /// The side-car of `t` (an error when it has none) as `(q, ds)` host values.
-pub(super) fn side_car(gpu: &CudaBackend, t: &GpuTensor) -> R<(Vec<i8>, Vec<f32>)> {
+pub(in crate::selftest) fn side_car(gpu: &CudaBackend, t: &GpuTensor) -> R<(Vec<i8>, Vec<f32>)> {
     let s =
         t.q8.as_ref()
             .ok_or_else(|| anyhow::anyhow!("the output carries no int8 side-car"))?;
@@ -64,7 +64,7 @@ fn side_car_vs_kernel(gpu: &CudaBackend, t: &GpuTensor) -> R<Pair> {
     Ok((got, want))
 }
 
-pub(super) fn side_car_cases(cx: &mut Ctx) {
+pub(in crate::selftest) fn side_car_cases(cx: &mut Ctx) {
     let w4096 = uniform(&mut cx.rng, 4096, -1.0, 1.5);
     let w5120 = uniform(&mut cx.rng, 5120, -1.0, 1.5);
     for (name, dim, one_plus) in [
@@ -175,7 +175,7 @@ pub(super) fn side_car_cases(cx: &mut Ctx) {
     }
 }
 
-pub(super) fn add_rms_norm_cases(cx: &mut Ctx) {
+pub(in crate::selftest) fn add_rms_norm_cases(cx: &mut Ctx) {
     // (rows, cols, dim, mode): a decode row, a prefill block with 1+w, per-head weightless
     for (rows, cols, dim, mode) in [
         (1usize, 4096usize, 4096usize, 0u8),
@@ -239,7 +239,7 @@ fn norm<T>(mode: u8, w: &T) -> Norm<'_, T> {
     }
 }
 
-pub(super) fn norm_add_rms_norm_cases(cx: &mut Ctx) {
+pub(in crate::selftest) fn norm_add_rms_norm_cases(cx: &mut Ctx) {
     let cases: [NormAddCase; 5] = [
         // Gemma 4 12B decode: post-FFN norm, layer scalar, next attn_norm (4 blocks + side-car)
         (1, 3840, 3840, Some(0), 0, Some(0.6)),
@@ -427,7 +427,11 @@ fn prep_cases() -> Vec<PrepCase> {
 }
 
 /// The q / k / v norm weights of a prep case on `gpu` (`hd` values each).
-pub(super) fn prep_weights(gpu: &CudaBackend, w: &[Vec<f32>], hd: usize) -> R<Vec<GpuTensor>> {
+pub(in crate::selftest) fn prep_weights(
+    gpu: &CudaBackend,
+    w: &[Vec<f32>],
+    hd: usize,
+) -> R<Vec<GpuTensor>> {
     Ok(w.iter()
         .map(|x| gpu.tensor(x, 1, hd))
         .collect::<Result<_, _>>()?)
@@ -435,7 +439,7 @@ pub(super) fn prep_weights(gpu: &CudaBackend, w: &[Vec<f32>], hd: usize) -> R<Ve
 
 /// The attn_prep of a case: norms of q, k, v by `modes` (None / 0 plain / 1 1+w / 2 none) with
 /// the weights `gw`, eps 1e-6, (query heads, KV heads), `rope`.
-pub(super) fn prep_of<'a>(
+pub(in crate::selftest) fn prep_of<'a>(
     gw: &'a [GpuTensor],
     modes: [Option<u8>; 3],
     (heads, hkv): (usize, usize),
@@ -479,7 +483,7 @@ fn cache_bytes(c: &GpuKvCache) -> R<CacheContents> {
 
 /// `vals` followed by every byte of `c`'s K then V cache and its row scales, as f32: one vector
 /// to compare.
-pub(super) fn with_cache(mut vals: Vec<f32>, c: &GpuKvCache) -> R<Vec<f32>> {
+pub(in crate::selftest) fn with_cache(mut vals: Vec<f32>, c: &GpuKvCache) -> R<Vec<f32>> {
     let (k, v, ks, vs) = cache_bytes(c)?;
     vals.extend(k.into_iter().map(f32::from));
     vals.extend(v.into_iter().map(f32::from));
@@ -487,7 +491,7 @@ pub(super) fn with_cache(mut vals: Vec<f32>, c: &GpuKvCache) -> R<Vec<f32>> {
     Ok(vals)
 }
 
-pub(super) fn attn_prep_cases(cx: &mut Ctx) {
+pub(in crate::selftest) fn attn_prep_cases(cx: &mut Ctx) {
     let f16 = match CudaBackend::with_device(cx.gpu.dev.clone(), KvType::F16) {
         Ok(b) => Some(b),
         Err(e) => {

@@ -24,8 +24,6 @@ use crate::backend::{Fused, Ops, Runtime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::check::{uniform, Comparison};
-use super::checks::moe::{cpu_moe, make_case_with, CaseSpec};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaDevice, GpuTensor, KvType};
 use crate::backend::{step_at, Activation, LogitRows, Norm, Rope, StepPlan};
@@ -33,6 +31,8 @@ use crate::kernels::Quant;
 use crate::ops::qdot::random_weights;
 use crate::ops::RopeLayout;
 use crate::quant::GgmlType;
+use crate::selftest::check::{uniform, Comparison};
+use crate::selftest::moe::moe::{cpu_moe, make_case_with, CaseSpec};
 use crate::weights::{Scales, TensorFormat, TensorRef};
 
 /// One row of the backend table.
@@ -45,19 +45,24 @@ pub struct OpRow {
     pub note: String,
 }
 
-pub(super) type Pair = (Vec<f32>, Vec<f32>);
-pub(super) type R<T> = anyhow::Result<T>;
+pub(in crate::selftest) type Pair = (Vec<f32>, Vec<f32>);
+pub(in crate::selftest) type R<T> = anyhow::Result<T>;
 
-pub(super) struct Ctx {
-    pub(super) gpu: CudaBackend,
-    pub(super) cpu: CpuBackend,
-    pub(super) cpu8: CpuBackend,
-    pub(super) rng: StdRng,
+pub(in crate::selftest) struct Ctx {
+    pub(in crate::selftest) gpu: CudaBackend,
+    pub(in crate::selftest) cpu: CpuBackend,
+    pub(in crate::selftest) cpu8: CpuBackend,
+    pub(in crate::selftest) rng: StdRng,
     rows: Vec<OpRow>,
 }
 
 impl Ctx {
-    pub(super) fn case(&mut self, name: String, bound: f64, f: impl FnOnce(&mut Ctx) -> R<Pair>) {
+    pub(in crate::selftest) fn case(
+        &mut self,
+        name: String,
+        bound: f64,
+        f: impl FnOnce(&mut Ctx) -> R<Pair>,
+    ) {
         let row = match f(self) {
             Ok((got, want)) => {
                 let c = Comparison::new(&got, &want);
@@ -84,7 +89,7 @@ impl Ctx {
         self.rows.push(row);
     }
 
-    pub(super) fn t2(
+    pub(in crate::selftest) fn t2(
         &self,
         data: &[f32],
         rows: usize,
@@ -97,7 +102,7 @@ impl Ctx {
     }
 }
 
-pub(super) fn host(gpu: &CudaBackend, t: &GpuTensor) -> R<Vec<f32>> {
+pub(in crate::selftest) fn host(gpu: &CudaBackend, t: &GpuTensor) -> R<Vec<f32>> {
     Ok(gpu.to_host(t)?)
 }
 
@@ -118,25 +123,25 @@ pub fn run(dev: std::sync::Arc<CudaDevice>, seed: u64) -> R<Vec<OpRow>> {
     shape_cases(&mut cx);
     norm_rope_cases(&mut cx);
     moe_cases(&mut cx);
-    super::backend_fused::side_car_cases(&mut cx);
-    super::backend_glu::linear_glu_cases(&mut cx);
-    super::backend_qkv_prep::qkv_prep_cases(&mut cx);
-    super::backend_res::linear_res_cases(&mut cx);
-    super::backend_res::rsqv_cases(&mut cx);
-    super::backend_res_wide::wide_cases(&mut cx);
-    super::backend_glurs::glurs_cases(&mut cx);
-    super::backend_qkv::qkv_cases(&mut cx);
-    super::backend_fused::add_rms_norm_cases(&mut cx);
-    super::backend_fused::norm_add_rms_norm_cases(&mut cx);
-    super::backend_fused::attn_prep_cases(&mut cx);
-    super::backend_attend::attend_cases(&mut cx);
-    super::backend_kv::kv_recycle_cases(&mut cx);
-    super::backend_prefill::prefill_cases(&mut cx);
-    super::backend_moe::moe_fused_cases(&mut cx);
+    crate::selftest::backend_fused::side_car_cases(&mut cx);
+    crate::selftest::linear::backend_glu::linear_glu_cases(&mut cx);
+    crate::selftest::attention::backend_qkv_prep::qkv_prep_cases(&mut cx);
+    crate::selftest::linear::backend_res::linear_res_cases(&mut cx);
+    crate::selftest::linear::backend_res::rsqv_cases(&mut cx);
+    crate::selftest::linear::backend_res_wide::wide_cases(&mut cx);
+    crate::selftest::linear::backend_glurs::glurs_cases(&mut cx);
+    crate::selftest::attention::backend_qkv::qkv_cases(&mut cx);
+    crate::selftest::backend_fused::add_rms_norm_cases(&mut cx);
+    crate::selftest::backend_fused::norm_add_rms_norm_cases(&mut cx);
+    crate::selftest::backend_fused::attn_prep_cases(&mut cx);
+    crate::selftest::attention::backend_attend::attend_cases(&mut cx);
+    crate::selftest::attention::backend_kv::kv_recycle_cases(&mut cx);
+    crate::selftest::linear::backend_prefill::prefill_cases(&mut cx);
+    crate::selftest::moe::backend_moe::moe_fused_cases(&mut cx);
     Ok(cx.rows)
 }
 
-pub(super) fn tref<'a>(
+pub(in crate::selftest) fn tref<'a>(
     name: &str,
     ty: GgmlType,
     shape: Vec<usize>,
@@ -705,8 +710,8 @@ mod tests {
     /// rows take the grouped path.
     #[test]
     fn moe_bound_covers_bf16_arithmetic() {
-        use super::super::checks::moe::{gpu_model, Mode};
         use crate::backend::cuda::ops::moe::pipeline::{moe_path, MoeDims, MoePath};
+        use crate::selftest::moe::moe::{gpu_model, Mode};
         let mut worst: f64 = 0.0;
         for seed in 0..2u64 {
             let mut rng = StdRng::seed_from_u64(seed);

@@ -2,27 +2,18 @@
 //! (outputs poisoned with NaN first), against the CPU reference with a per-op error bound.
 //! Prints one table (instance, max rel err, bound, pass/fail, microseconds) and returns
 //! `Ok(false)` on any failure. Per-op checks implement [`KernelCheck`] and are registered in
-//! `checks/mod.rs`; an instance without a check fails.
+//! `registry.rs` (each in its op family's folder); an instance without a check fails.
 
-mod backend_attend;
+mod attention;
 mod backend_fused;
-mod backend_glu;
-mod backend_glurs;
-mod backend_kv;
-mod backend_moe;
 mod backend_ops;
-mod backend_prefill;
-mod backend_qkv;
-mod backend_qkv_prep;
-mod backend_res;
-mod backend_res_wide;
-pub mod bisect;
 mod check;
-mod checks;
-pub mod fidelity;
+mod elementwise;
+mod linear;
 pub mod models;
-mod ring_models;
-mod synth_models;
+mod moe;
+mod registry;
+mod sample;
 
 pub use check::{time_us, uniform, CheckCtx, Comparison, KernelCheck, Measured};
 
@@ -125,14 +116,14 @@ pub fn run(args: &SelftestArgs) -> anyhow::Result<bool> {
         anyhow::bail!("no CUDA driver or GPU found (libcuda.so.1 not loadable, or no device): selftest needs a GPU");
     }
     if let Some(model) = &args.bisect {
-        let plan = bisect::BisectPlan {
+        let plan = models::bisect::BisectPlan {
             model: model.clone(),
             tokens: args.bisect_tokens.clone(),
             steps: args.bisect_steps,
             resync: args.bisect_resync,
             threshold: args.bisect_threshold,
         };
-        return bisect::run_gpu(args.device, args.bisect_kv, &plan);
+        return models::bisect::run_gpu(args.device, args.bisect_kv, &plan);
     }
     let mut cache = codegen::ptx::CacheConfig::from_env()?;
     cache.strict |= args.strict_kernels;
@@ -208,7 +199,7 @@ pub fn run(args: &SelftestArgs) -> anyhow::Result<bool> {
     };
     let mut model_failed = 0;
     if !args.skip_models && section("fidelity") {
-        let (text, failed) = fidelity::run_gpu(args.device);
+        let (text, failed) = models::fidelity::run_gpu(args.device);
         print!("{text}");
         model_failed += failed;
     }
@@ -260,8 +251,8 @@ fn check_one(dev: &CudaDevice, spec: &'static KernelSpec, seed: u64, iters: usiz
         pass: false,
         note: String::new(),
     };
-    let Some(check) = checks::for_key(&spec.key) else {
-        row.note = "no check registered (src/selftest/checks/mod.rs)".into();
+    let Some(check) = registry::for_key(&spec.key) else {
+        row.note = "no check registered (src/selftest/registry.rs)".into();
         return row;
     };
     let bound = check.bound(&spec.key);
@@ -339,7 +330,7 @@ mod tests {
     fn every_instance_has_a_check() {
         for s in kernels::KERNELS {
             assert!(
-                checks::for_key(&s.key).is_some(),
+                registry::for_key(&s.key).is_some(),
                 "{} has no selftest check",
                 s.name
             );

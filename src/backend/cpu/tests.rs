@@ -63,14 +63,10 @@ fn naive_matmul(x: &[f32], n: usize, k: usize, w: &[f32], out: usize) -> Vec<f32
     y
 }
 
-fn assert_close(a: &[f32], b: &[f32], tol: f32) {
-    assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!(
-            (x - y).abs() <= tol * (1.0 + y.abs()),
-            "index {i}: {x} vs {y}"
-        );
-    }
+/// `got` within `bound` of `want` by the selftest's element metric.
+fn assert_close(got: &[f32], want: &[f32], bound: f64) {
+    let c = crate::ops::compare::Comparison::new(got, want);
+    assert!(c.passes(bound), "{c:?} against a bound of {bound:e}");
 }
 
 /// Q8_0 blocks from random scales and int8 values, and their exact f32 values.

@@ -1,0 +1,12 @@
+pub(crate) mod add_rmsnorm;
+pub(crate) mod cast_bf16;
+pub(crate) mod cast_f16;
+pub(crate) mod convert;
+pub(crate) mod embed;
+pub(crate) mod ewise;
+pub(crate) mod glu;
+pub(crate) mod l2_norm;
+pub(crate) mod norm_add_rmsnorm;
+pub(crate) mod rmsnorm;
+pub(crate) mod rope;
+pub(crate) mod softmax;

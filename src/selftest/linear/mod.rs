@@ -1,0 +1,11 @@
+pub(crate) mod backend_glu;
+pub(crate) mod backend_glurs;
+pub(crate) mod backend_prefill;
+pub(crate) mod backend_res;
+pub(crate) mod backend_res_wide;
+pub(crate) mod dequant_bf16;
+pub(crate) mod gemm;
+pub(crate) mod gemm_f32;
+pub(crate) mod gemm_pipe;
+pub(crate) mod gemv;
+pub(crate) mod read_bw;

@@ -1,0 +1,2 @@
+pub(crate) mod penalties;
+pub(crate) mod sample;
