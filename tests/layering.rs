@@ -207,7 +207,7 @@ fn module_refs(me: &str, text: &str, modules: &[String]) -> Vec<String> {
             };
             while !segs.is_empty() {
                 let cand = segs.join("::");
-                if modules.iter().any(|m| *m == cand) {
+                if modules.contains(&cand) {
                     if cand != me && !out.contains(&cand) {
                         out.push(cand);
                     }

@@ -32,7 +32,7 @@ use crate::ops::qdot::random_weights;
 use crate::ops::RopeLayout;
 use crate::quant::GgmlType;
 use crate::selftest::check::{uniform, Comparison};
-use crate::selftest::moe::moe::{cpu_moe, make_case_with, CaseSpec};
+use crate::selftest::moe::pipeline::{cpu_moe, make_case_with, CaseSpec};
 use crate::weights::{Scales, TensorFormat, TensorRef};
 
 /// One row of the backend table.
@@ -711,7 +711,7 @@ mod tests {
     #[test]
     fn moe_bound_covers_bf16_arithmetic() {
         use crate::backend::cuda::ops::moe::pipeline::{moe_path, MoeDims, MoePath};
-        use crate::selftest::moe::moe::{gpu_model, Mode};
+        use crate::selftest::moe::pipeline::{gpu_model, Mode};
         let mut worst: f64 = 0.0;
         for seed in 0..2u64 {
             let mut rng = StdRng::seed_from_u64(seed);

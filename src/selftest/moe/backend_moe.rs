@@ -18,7 +18,7 @@
 use crate::backend::{Fused, Ops, Runtime};
 use rand::rngs::StdRng;
 
-use super::moe::E2E_CPU_BOUND;
+use super::pipeline::E2E_CPU_BOUND;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, GpuTensor, GpuWeight};
 use crate::backend::{Activation, Backend, MoeParams, Norm};

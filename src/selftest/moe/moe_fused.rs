@@ -20,7 +20,7 @@ use crate::kernels::Entry;
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::moe::{ggml, pool, ptr};
+use super::pipeline::{ggml, pool, ptr};
 use crate::backend::cpu::route;
 use crate::backend::cuda::runtime::buf::read_ptr;
 use crate::backend::cuda::{

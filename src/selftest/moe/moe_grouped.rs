@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
 
-use super::moe::{bf16, ggml, pool, ptr};
+use super::pipeline::{bf16, ggml, pool, ptr};
 use crate::backend::cuda::ops::moe::grouped::{group_tiles, grouped_max_tiles, MoeGemmArgs};
 use crate::backend::cuda::{CudaError, DevBuf, DevPtr, Pool};
 use crate::backend::Activation;

@@ -1,2 +1,2 @@
+pub(crate) mod draw;
 pub(crate) mod penalties;
-pub(crate) mod sample;

@@ -110,7 +110,7 @@ impl CudaDevice {
             // __q8: (..., float eps, signed char* xq, float2* xds)
             Some((kq, _)) => {
                 same_instance(k, kq, OP)?;
-                self.go(&kq.kern(), cfg, &[&xp, &wp, &yp, &d, &mode, &eps, &qp, &dp])
+                self.go(kq.kern(), cfg, &[&xp, &wp, &yp, &d, &mode, &eps, &qp, &dp])
             }
         }
     }
@@ -278,7 +278,7 @@ impl CudaDevice {
             Some((kq, _)) => {
                 same_instance(k, kq, OP)?;
                 self.go(
-                    &kq.kern(),
+                    kq.kern(),
                     cfg,
                     &[&gp, &upp, &op, &r, &c, &sg, &su, &so, &qp, &dp],
                 )

@@ -557,6 +557,59 @@ pub(in crate::backend::cuda) fn bs1(q: Quant) -> &'static KernelSpec {
         .expect("bs1 instance")
 }
 
+impl CudaDevice {
+    /// `c[m][n] = a[m][k] . w[n][k]^T` with `a` bf16 bits, `w` in the instance's format
+    /// (bf16 or a GGUF block format; not fp8, whose scales this helper does not take).
+    pub fn gemm_ptr(
+        &self,
+        kn: &Kern,
+        a: DevPtr<u16>,
+        w: DevPtr<u8>,
+        c: DevPtr<f32>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), CudaError> {
+        const OP: &str = "gemm";
+        expect(kn, &[Op::Gemm], OP)?;
+        let q = kn.spec.key.quant;
+        if q == Quant::Fp8E4m3 {
+            return Err(invalid(
+                OP,
+                "fp8 gemm needs scales: not through gemm_ptr".into(),
+            ));
+        }
+        let (be, bb) = weight_block(q).ok_or_else(|| invalid(OP, format!("no gemm for {q}")))?;
+        if m == 0 || n == 0 || k == 0 || (k * 2) % 16 != 0 || k % be != 0 {
+            return Err(invalid(
+                OP,
+                format!("m={m} n={n} k={k}: k must be a multiple of 8 and of {be}"),
+            ));
+        }
+        if a.len() < m * k || w.len() < n * (k / be) * bb || c.len() < m * n {
+            return Err(invalid(
+                OP,
+                format!("a {} / w {} / c {} too small", a.len(), w.len(), c.len()),
+            ));
+        }
+        let tile = kn.spec.param_u32("tile").unwrap_or(64) as usize;
+        let cfg = LaunchConfig {
+            grid_dim: (grid(OP, n.div_ceil(tile))?, grid(OP, m.div_ceil(tile))?, 1),
+            block_dim: ((64 * tile / 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ap, wp, cp) = (a.raw(), w.raw(), c.raw());
+        let (mi, ni, ki, kb) = (
+            int(OP, "m", m)?,
+            int(OP, "n", n)?,
+            int(OP, "k", k)?,
+            k.div_ceil(128) as i32,
+        );
+        let null = 0u64;
+        // (const u8* A, const u8* W, float* C, int M, int N, int K, const float* w_scale,
+        //  const float* a_scale, int ws_cols); the scales are read only by fp8 instances
+        self.go(kn, cfg, &[&ap, &wp, &cp, &mi, &ni, &ki, &null, &null, &kb])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -655,58 +708,5 @@ mod tests {
         assert!(gemv_row_is_long(bs1(Quant::Q4K), 12288));
         assert!(!gemv_row_is_long(bs1(Quant::Q4_0), 4096));
         assert!(!gemv_row_is_long(bs1(Quant::Q6K), 4096));
-    }
-}
-
-impl CudaDevice {
-    /// `c[m][n] = a[m][k] . w[n][k]^T` with `a` bf16 bits, `w` in the instance's format
-    /// (bf16 or a GGUF block format; not fp8, whose scales this helper does not take).
-    pub fn gemm_ptr(
-        &self,
-        kn: &Kern,
-        a: DevPtr<u16>,
-        w: DevPtr<u8>,
-        c: DevPtr<f32>,
-        (m, n, k): (usize, usize, usize),
-    ) -> Result<(), CudaError> {
-        const OP: &str = "gemm";
-        expect(kn, &[Op::Gemm], OP)?;
-        let q = kn.spec.key.quant;
-        if q == Quant::Fp8E4m3 {
-            return Err(invalid(
-                OP,
-                "fp8 gemm needs scales: not through gemm_ptr".into(),
-            ));
-        }
-        let (be, bb) = weight_block(q).ok_or_else(|| invalid(OP, format!("no gemm for {q}")))?;
-        if m == 0 || n == 0 || k == 0 || (k * 2) % 16 != 0 || k % be != 0 {
-            return Err(invalid(
-                OP,
-                format!("m={m} n={n} k={k}: k must be a multiple of 8 and of {be}"),
-            ));
-        }
-        if a.len() < m * k || w.len() < n * (k / be) * bb || c.len() < m * n {
-            return Err(invalid(
-                OP,
-                format!("a {} / w {} / c {} too small", a.len(), w.len(), c.len()),
-            ));
-        }
-        let tile = kn.spec.param_u32("tile").unwrap_or(64) as usize;
-        let cfg = LaunchConfig {
-            grid_dim: (grid(OP, n.div_ceil(tile))?, grid(OP, m.div_ceil(tile))?, 1),
-            block_dim: ((64 * tile / 32) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (ap, wp, cp) = (a.raw(), w.raw(), c.raw());
-        let (mi, ni, ki, kb) = (
-            int(OP, "m", m)?,
-            int(OP, "n", n)?,
-            int(OP, "k", k)?,
-            k.div_ceil(128) as i32,
-        );
-        let null = 0u64;
-        // (const u8* A, const u8* W, float* C, int M, int N, int K, const float* w_scale,
-        //  const float* a_scale, int ws_cols); the scales are read only by fp8 instances
-        self.go(kn, cfg, &[&ap, &wp, &cp, &mi, &ni, &ki, &null, &null, &kb])
     }
 }
