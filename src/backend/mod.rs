@@ -11,6 +11,7 @@
 //! - Ops return new tensors; the CPU backend allocates, a GPU backend draws from a pool.
 //! - Every fallible op returns `BackendError`; shape mismatches are errors, not panics.
 
+pub mod blocks;
 pub mod cpu;
 pub mod cuda;
 pub mod diff;
