@@ -10,6 +10,7 @@
 //! request: the scheduler notices before its next forward pass and frees the slot.
 
 pub mod metrics;
+pub mod plan;
 pub mod scheduler;
 pub mod stop;
 
