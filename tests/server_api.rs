@@ -206,6 +206,59 @@ async fn completions_string_ids_stream_logprobs() {
     assert_eq!(text, &REPLY_DEFAULT[..4]);
 }
 
+/// A list of prompts: one choice each (by index), usage summed, streamed chunks tagged with
+/// their choice's index and one `[DONE]` after the last choice ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_take_a_list_of_prompts() {
+    let (addr, _) = start(ServerConfig::default(), 4096, Duration::ZERO).await;
+    let ids: Vec<u32> = "hi".bytes().map(u32::from).collect();
+    let v = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": ["hi", ids, "hello"], "max_tokens": 3, "echo": true}),
+    )
+    .await
+    .json();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (i, (c, p)) in choices.iter().zip(["hi", "hi", "hello"]).enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["text"], format!("{p}{}", &REPLY_DEFAULT[..3]));
+        assert_eq!(c["finish_reason"], "length");
+    }
+    let u = &v["usage"];
+    assert_eq!(u["completion_tokens"], 9);
+    assert_eq!(u["prompt_tokens"], 2 + 2 + 5);
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": ["hi", "hello"], "max_tokens": 4, "stream": true,
+                "stream_options": {"include_usage": true}}),
+    )
+    .await;
+    let data = r.sse_data();
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1);
+    let mut text = [String::new(), String::new()];
+    let mut finished = [0, 0];
+    let mut usage = None;
+    for d in &data[..data.len() - 1] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        match v["choices"].as_array().unwrap().as_slice() {
+            [c] => {
+                let i = c["index"].as_u64().unwrap() as usize;
+                text[i].push_str(c["text"].as_str().unwrap());
+                finished[i] += c["finish_reason"].is_string() as usize;
+            }
+            [] => usage = Some(v["usage"].clone()),
+            _ => panic!("{d}"),
+        }
+    }
+    assert_eq!(text, [&REPLY_DEFAULT[..4], &REPLY_DEFAULT[..4]]);
+    assert_eq!(finished, [1, 1]);
+    assert_eq!(usage.unwrap()["completion_tokens"], 8);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_seed_and_penalties() {
     let (addr, _) = start(ServerConfig::default(), 4096, Duration::ZERO).await;

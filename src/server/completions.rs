@@ -19,7 +19,7 @@ use super::openai::{
 };
 use super::params::{self, SamplingFields};
 use super::AppState;
-use crate::engine::{GenerateRequest, LogprobInfo, StopParams};
+use crate::engine::{GenerateRequest, LogprobInfo, StopParams, Usage};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Deserialize)]
@@ -47,46 +47,56 @@ pub struct CompletionRequest {
     pub parse_special: Option<bool>,
 }
 
-/// The prompt as token ids: a string (tokenised with the tokenizer's special tokens, or as text
-/// when `parse_special` is false), a list of ids, or a one-element list of either.
-fn prompt_ids(p: &Value, tok: &Tokenizer, parse_special: bool) -> Result<Vec<u32>, ApiError> {
-    let bad = || {
-        ApiError::bad_param(
-            "prompt",
-            "prompt must be a string, a list of token ids, or a one-element list of either",
-        )
-    };
+/// One prompt as token ids: a string (tokenised with the tokenizer's special tokens, or as text
+/// when `parse_special` is false) or a list of ids.
+fn prompt_ids(p: &Value, tok: &Tokenizer, parse_special: bool) -> Result<Vec<u32>, String> {
     match p {
+        Value::String(s) if s.is_empty() => Err("must not be empty".into()),
         Value::String(s) => {
-            if s.is_empty() {
-                return Err(ApiError::bad_param("prompt", "prompt must not be empty"));
-            }
             let ids = if parse_special {
                 tok.encode(s, true)
             } else {
                 tok.encode_text(s, true)
             };
-            ids.map_err(|e| ApiError::bad(e.to_string()))
+            ids.map_err(|e| e.to_string())
         }
-        Value::Array(a) if a.is_empty() => {
-            Err(ApiError::bad_param("prompt", "prompt must not be empty"))
-        }
-        Value::Array(a) if a.iter().all(|x| x.is_u64()) => a
+        Value::Array(a) if a.is_empty() => Err("must not be empty".into()),
+        Value::Array(a) => a
             .iter()
             .map(|x| {
                 x.as_u64()
                     .filter(|&v| v <= u32::MAX as u64)
                     .map(|v| v as u32)
-                    .ok_or_else(bad)
+                    .ok_or_else(|| "must be a string or a list of token ids".to_string())
             })
             .collect(),
-        Value::Array(a) if a.len() == 1 => prompt_ids(&a[0], tok, parse_special),
-        Value::Array(_) => Err(ApiError::bad_param(
-            "prompt",
-            "batched prompts are not supported: send one prompt per request",
-        )),
-        _ => Err(bad()),
+        _ => Err("must be a string or a list of token ids".into()),
     }
+}
+
+/// The request's prompts: one (a string or a list of ids) or a list of them (strings or lists
+/// of ids), each its own choice, as OpenAI's API takes them.
+fn prompts(p: &Value, tok: &Tokenizer, parse_special: bool) -> Result<Vec<Vec<u32>>, ApiError> {
+    let (listed, is_list) = match p {
+        Value::Array(a) if !a.is_empty() && a.iter().all(|x| x.is_string() || x.is_array()) => {
+            (a.as_slice(), true)
+        }
+        one => (std::slice::from_ref(one), false),
+    };
+    listed
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            prompt_ids(x, tok, parse_special).map_err(|e| {
+                let at = if is_list {
+                    format!("prompt[{i}]")
+                } else {
+                    "prompt".into()
+                };
+                ApiError::bad_param("prompt", format!("{at} {e}"))
+            })
+        })
+        .collect()
 }
 
 pub async fn completions(
@@ -129,42 +139,71 @@ async fn inner(
     let sampling = r.sampling.resolve(&st.cfg.defaults)?;
     let loaded = st.loaded()?;
     let tok = loaded.tokenizer.clone();
-    let prompt = prompt_ids(&r.prompt, &tok, r.parse_special.unwrap_or(true))?;
+    let prompts = prompts(&r.prompt, &tok, r.parse_special.unwrap_or(true))?;
     let info = loaded.engine.info();
-    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= info.vocab_size) {
+    if prompts.len() > st.cfg.max_concurrent.max(1) {
         return Err(ApiError::bad_param(
             "prompt",
             format!(
-                "token id {id} is outside the vocabulary of {}",
-                info.vocab_size
+                "a list of {} prompts: at most {} (the server's --max-concurrent) per request",
+                prompts.len(),
+                st.cfg.max_concurrent.max(1)
             ),
         ));
     }
-    let max_tokens =
-        params::resolve_max_tokens(r.max_tokens, prompt.len(), info.max_context, &st.cfg)?;
-    let ret_ids = r.return_token_ids.unwrap_or(false).then(|| prompt.clone());
-    let echo = if r.echo.unwrap_or(false) {
-        tok.decode(&prompt, false).unwrap_or_default()
-    } else {
-        String::new()
-    };
-    let req = GenerateRequest {
-        request_id: rid.0.clone(),
-        prompt,
-        sampling,
-        stop: StopParams {
-            max_tokens,
-            stop_strings: params::stop_list(r.stop.as_ref())?,
-            stop_token_ids: r.stop_token_ids.clone().unwrap_or_default(),
-            ignore_eos: r.ignore_eos.unwrap_or(false),
-            min_tokens: r.min_tokens.unwrap_or(0).max(0) as usize,
-        },
-        logprobs,
-        think_budget: None,
-    };
-    let permit = st.admit()?;
-    let stream = loaded.engine.submit(req)?;
-    let gen = Generation::new(st.clone(), stream, None, permit, started);
+    let stop_strings = params::stop_list(r.stop.as_ref())?;
+    let mut outs = Vec::with_capacity(prompts.len());
+    for (i, prompt) in prompts.into_iter().enumerate() {
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= info.vocab_size) {
+            return Err(ApiError::bad_param(
+                "prompt",
+                format!(
+                    "token id {id} is outside the vocabulary of {}",
+                    info.vocab_size
+                ),
+            ));
+        }
+        let max_tokens =
+            params::resolve_max_tokens(r.max_tokens, prompt.len(), info.max_context, &st.cfg)?;
+        let ret_ids = r.return_token_ids.unwrap_or(false).then(|| prompt.clone());
+        let echo = if r.echo.unwrap_or(false) {
+            tok.decode(&prompt, false).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let req = GenerateRequest {
+            request_id: if i == 0 {
+                rid.0.clone()
+            } else {
+                format!("{}-{i}", rid.0)
+            },
+            prompt,
+            sampling: sampling.clone(),
+            stop: StopParams {
+                max_tokens,
+                stop_strings: stop_strings.clone(),
+                stop_token_ids: r.stop_token_ids.clone().unwrap_or_default(),
+                ignore_eos: r.ignore_eos.unwrap_or(false),
+                min_tokens: r.min_tokens.unwrap_or(0).max(0) as usize,
+            },
+            logprobs,
+            think_budget: None,
+        };
+        outs.push((req, Choice { echo, ret_ids }));
+    }
+    // every prompt is a generation of its own: all are admitted, or none
+    let permits = outs
+        .iter()
+        .map(|_| st.admit())
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut gens = Vec::with_capacity(outs.len());
+    for ((req, choice), permit) in outs.into_iter().zip(permits) {
+        let stream = loaded.engine.submit(req)?;
+        gens.push((
+            Generation::new(st.clone(), stream, None, permit, started),
+            choice,
+        ));
+    }
     let model = r.model.clone().unwrap_or_else(|| info.model_id.clone());
     if r.stream.unwrap_or(false) {
         let usage = r
@@ -173,16 +212,28 @@ async fn inner(
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
         Ok(sse(stream_task(
-            gen,
+            gens,
             model,
             tok,
             usage,
-            echo,
             logprobs.is_some(),
         )))
     } else {
-        collect(gen, model, &tok, echo, logprobs.is_some(), ret_ids).await
+        collect(gens, model, &tok, logprobs.is_some()).await
     }
+}
+
+/// What a choice adds to its generation's text: the echoed prompt, and the prompt's ids when
+/// asked for (`return_token_ids`).
+struct Choice {
+    echo: String,
+    ret_ids: Option<Vec<u32>>,
+}
+
+fn add_usage(a: &mut Usage, b: &Usage) {
+    a.prompt_tokens += b.prompt_tokens;
+    a.completion_tokens += b.completion_tokens;
+    a.cached_tokens += b.cached_tokens;
 }
 
 /// Legacy logprobs object: tokens, token_logprobs, top_logprobs (token -> logprob maps),
@@ -208,15 +259,15 @@ fn legacy_logprobs(tok: &Tokenizer, lps: &[LogprobInfo], offset0: usize) -> Valu
     json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offsets})
 }
 
-async fn collect(
+/// One choice of a non-streamed response, and its usage.
+async fn collect_one(
     mut gen: Generation,
-    model: String,
+    c: Choice,
+    index: usize,
     tok: &Tokenizer,
-    echo: String,
     want_lp: bool,
-    ret_ids: Option<Vec<u32>>,
-) -> Result<Response, ApiError> {
-    let mut text = echo.clone();
+) -> Result<(Value, Usage), ApiError> {
+    let mut text = c.echo.clone();
     let mut lps = Vec::new();
     while let Some(item) = gen.next().await {
         match item {
@@ -233,24 +284,16 @@ async fn collect(
                 ..
             } => {
                 let logprobs = if want_lp {
-                    legacy_logprobs(tok, &lps, echo.len())
+                    legacy_logprobs(tok, &lps, c.echo.len())
                 } else {
                     Value::Null
                 };
-                let mut choice = json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason.openai()});
-                if let Some(p) = &ret_ids {
+                let mut choice = json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason.openai()});
+                if let Some(p) = &c.ret_ids {
                     choice["prompt_token_ids"] = json!(p);
                     choice["token_ids"] = json!(token_ids);
                 }
-                return Ok(Json(json!({
-                    "id": new_id("cmpl-"),
-                    "object": "text_completion",
-                    "created": unix_now(),
-                    "model": model,
-                    "choices": [choice],
-                    "usage": usage_json(&usage),
-                }))
-                .into_response());
+                return Ok((choice, usage));
             }
         }
     }
@@ -259,55 +302,108 @@ async fn collect(
     ))
 }
 
+async fn collect(
+    gens: Vec<(Generation, Choice)>,
+    model: String,
+    tok: &Tokenizer,
+    want_lp: bool,
+) -> Result<Response, ApiError> {
+    let all = futures::future::join_all(
+        gens.into_iter()
+            .enumerate()
+            .map(|(i, (g, c))| collect_one(g, c, i, tok, want_lp)),
+    )
+    .await;
+    let mut choices = Vec::with_capacity(all.len());
+    let mut usage = Usage::default();
+    for r in all {
+        let (c, u) = r?;
+        choices.push(c);
+        add_usage(&mut usage, &u);
+    }
+    Ok(Json(json!({
+        "id": new_id("cmpl-"),
+        "object": "text_completion",
+        "created": unix_now(),
+        "model": model,
+        "choices": choices,
+        "usage": usage_json(&usage),
+    }))
+    .into_response())
+}
+
 fn stream_task(
-    mut gen: Generation,
+    gens: Vec<(Generation, Choice)>,
     model: String,
     tok: Arc<Tokenizer>,
     include_usage: bool,
-    echo: String,
     want_lp: bool,
 ) -> impl FnOnce(SseTx) -> tokio::task::JoinHandle<()> {
+    use futures::StreamExt;
     move |tx| {
         tokio::spawn(async move {
             let id = new_id("cmpl-");
             let created = unix_now();
-            let mut offset = echo.len();
-            let chunk = |text: &str, lp: Value, finish: Value| {
+            let chunk = |index: usize, text: &str, lp: Value, finish: Value| {
                 data_line(
                     &json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]}),
+                    "choices": [{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}]}),
                 )
             };
-            if !echo.is_empty()
-                && tx
-                    .send(Ok(chunk(&echo, Value::Null, Value::Null)))
-                    .await
-                    .is_err()
-            {
-                return;
+            let mut offset: Vec<usize> = gens.iter().map(|(_, c)| c.echo.len()).collect();
+            for (i, (_, c)) in gens.iter().enumerate() {
+                if !c.echo.is_empty()
+                    && tx
+                        .send(Ok(chunk(i, &c.echo, Value::Null, Value::Null)))
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
             }
-            while let Some(item) = gen.next().await {
+            // the choices' items as they come, each tagged with its index; dropping this (the
+            // client gone, or an error) cancels every generation still running
+            let n = gens.len();
+            let mut items =
+                futures::stream::select_all(gens.into_iter().enumerate().map(|(i, (g, _))| {
+                    futures::stream::unfold(
+                        g,
+                        |mut g| async move { g.next().await.map(|it| (it, g)) },
+                    )
+                    .map(move |it| (i, it))
+                    .boxed()
+                }));
+            let (mut done, mut usage) = (0, Usage::default());
+            while let Some((i, item)) = items.next().await {
                 let bytes = match item {
                     GenItem::Content { text, logprobs } => {
                         let lp = if want_lp {
-                            legacy_logprobs(&tok, &logprobs, offset)
+                            legacy_logprobs(&tok, &logprobs, offset[i])
                         } else {
                             Value::Null
                         };
-                        offset += text.len();
-                        chunk(&text, lp, Value::Null)
+                        offset[i] += text.len();
+                        chunk(i, &text, lp, Value::Null)
                     }
                     GenItem::Reasoning(_) | GenItem::ToolCall(_) => continue,
-                    GenItem::Done { reason, usage, .. } => {
+                    GenItem::Done {
+                        reason, usage: u, ..
+                    } => {
+                        add_usage(&mut usage, &u);
+                        done += 1;
                         let mut out =
-                            chunk("", Value::Null, Value::String(reason.openai().into())).to_vec();
-                        if include_usage {
-                            out.extend_from_slice(&data_line(&json!({"id": id, "object": "text_completion",
-                                "created": created, "model": model, "choices": [], "usage": usage_json(&usage)})));
+                            chunk(i, "", Value::Null, Value::String(reason.openai().into()))
+                                .to_vec();
+                        if done == n {
+                            if include_usage {
+                                out.extend_from_slice(&data_line(&json!({"id": id, "object": "text_completion",
+                                    "created": created, "model": model, "choices": [], "usage": usage_json(&usage)})));
+                            }
+                            out.extend_from_slice(b"data: [DONE]\n\n");
+                            let _ = tx.send(Ok(Bytes::from(out))).await;
+                            return;
                         }
-                        out.extend_from_slice(b"data: [DONE]\n\n");
-                        let _ = tx.send(Ok(Bytes::from(out))).await;
-                        return;
+                        Bytes::from(out)
                     }
                     GenItem::Failed(e) => {
                         let _ = tx.send(Ok(data_line(&e.body(Flavor::OpenAi)))).await;

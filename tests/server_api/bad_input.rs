@@ -66,7 +66,8 @@ async fn malformed_and_mistyped_requests() {
     // Completions-specific.
     for (body, needle) in [
         (json!({"prompt": []}), "must not be empty"),
-        (json!({"prompt": ["a", "b"]}), "batched"),
+        (json!({"prompt": ["a", ""]}), "prompt[1] must not be empty"),
+        (json!({"prompt": [[1], "a", "b", "c", "d"]}), "at most 4"),
         (json!({"prompt": [99999]}), "outside the vocabulary"),
         (json!({"prompt": {"x": 1}}), "prompt must be"),
     ] {
