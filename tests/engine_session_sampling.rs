@@ -43,6 +43,7 @@ fn engine(lm: Arc<dyn CausalLm>) -> EngineHandle {
             model_id: "golden".into(),
             skip_special: false,
             prefix_reuse: false,
+            prefill_chunk: 8192,
         },
     )
 }

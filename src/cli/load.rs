@@ -253,6 +253,7 @@ pub fn load(a: &RunArgs) -> Result<Ready> {
             model_id,
             skip_special: false,
             prefix_reuse: true,
+            prefill_chunk: crate::model::common::prefill_chunk(),
         },
     );
     Ok(Ready {

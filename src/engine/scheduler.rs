@@ -23,6 +23,10 @@ pub struct SchedulerConfig {
     pub skip_special: bool,
     /// Reuse the previous request's KV for a shared prompt prefix.
     pub prefix_reuse: bool,
+    /// Prompt tokens per forward pass of a prefill (the model's own chunk,
+    /// `model::common::prefill_chunk`, in the server): a request cancelled while its prompt
+    /// runs stops at the next chunk.
+    pub prefill_chunk: usize,
 }
 
 /// Start the scheduler thread; the returned handle is the only way to reach it.
@@ -154,24 +158,47 @@ impl Worker {
         let mut next: Option<u32> = None;
         let mut row: Vec<f32> = Vec::new();
         let t = Instant::now();
+        // every chunk but the last: a client gone meanwhile stops the prompt there
+        let rest = &req.prompt[keep..];
+        let chunk = self.cfg.prefill_chunk.max(1);
+        let mut done = 0;
+        while rest.len() - done > chunk {
+            if sub.is_cancelled() {
+                self.metrics.prefill(done, t.elapsed().as_nanos() as u64);
+                self.slot = Some((session, hist));
+                let _ = sub.events.send(Event::Finished {
+                    reason: FinishReason::Cancelled,
+                    usage: Usage {
+                        prompt_tokens: req.prompt.len(),
+                        completion_tokens: 0,
+                        cached_tokens: keep,
+                    },
+                    text: String::new(),
+                });
+                return Ok(true);
+            }
+            let part = &rest[done..done + chunk];
+            session.forward(part, false).map_err(model_err)?;
+            hist.extend_from_slice(part);
+            done += chunk;
+        }
+        let last = &rest[done..];
         match on_session.as_deref_mut() {
             Some(s) => {
                 next = Some(
                     session
-                        .forward_sample(&req.prompt[keep..], s, banned(0))
+                        .forward_sample(last, s, banned(0))
                         .map_err(model_err)?,
                 );
             }
             None => {
-                let logits = session
-                    .forward(&req.prompt[keep..], false)
-                    .map_err(model_err)?;
+                let logits = session.forward(last, false).map_err(model_err)?;
                 row = logits.last().to_vec();
             }
         }
         self.metrics
             .prefill(req.prompt.len() - keep, t.elapsed().as_nanos() as u64);
-        hist.extend_from_slice(&req.prompt[keep..]);
+        hist.extend_from_slice(last);
 
         let mut detok = StreamDecoder::new(&self.tokenizer, self.cfg.skip_special);
         // control-token strings the model writes as ordinary tokens are marked (consumers drop

@@ -176,6 +176,7 @@ pub async fn start(
             model_id: "scripted-test".into(),
             skip_special: false,
             prefix_reuse: true,
+            prefill_chunk: 8192,
         },
     );
     let chat = ChatFormat::new(
@@ -220,6 +221,7 @@ pub async fn start_with(
             model_id: "real".into(),
             skip_special: false,
             prefix_reuse,
+            prefill_chunk: 8192,
         },
     );
     let chat = Dialect::detect(&tok).map(|d| {
