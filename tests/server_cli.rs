@@ -130,6 +130,8 @@ async fn server_mode_loads_then_serves() {
         .local_addr()
         .unwrap()
         .port();
+    let log_path = std::env::temp_dir().join(format!("fucina-server-{port}.log"));
+    let log = std::fs::File::create(&log_path).unwrap();
     let _child = KillOnDrop(
         bin()
             .args(["-m"])
@@ -144,8 +146,9 @@ async fn server_mode_loads_then_serves() {
                 "--api-key",
                 "k1",
             ])
+            .env("RUST_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap(),
     );
@@ -163,6 +166,12 @@ async fn server_mode_loads_then_serves() {
     }
     {
         assert!(ready, "server never became ready");
+        // it warmed the model up (kernels compiled and loaded) before it said so
+        let log = std::fs::read_to_string(&log_path).unwrap();
+        assert!(
+            log.contains("warm-up (kernels compiled and loaded)"),
+            "{log}"
+        );
         let body = json!({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})
             .to_string();
         let r = common::http::send(

@@ -77,7 +77,7 @@ fn dispatch(cli: Cli) -> Result<ExitCode> {
     if a.prompt.is_some() || a.file.is_some() {
         one_shot(&a, thinking)
     } else if a.interactive {
-        let ready = load::load(&a)?;
+        let ready = load::load(&a, false)?;
         repl::run(
             &ready,
             turn_opts(&a, thinking),
@@ -120,7 +120,7 @@ fn one_shot(a: &RunArgs, thinking: ThinkingLevel) -> Result<ExitCode> {
         }
         _ => unreachable!(),
     };
-    let ready = load::load(a)?;
+    let ready = load::load(a, false)?;
     let opts = turn_opts(a, thinking);
     let mut out = std::io::stdout();
     let res = if a.raw {
@@ -164,10 +164,10 @@ fn serve(a: RunArgs, thinking: ThinkingLevel) -> Result<ExitCode> {
         let addr = format!("{}:{}", a.host, a.port);
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
         let state = AppState::new(cfg);
-        tracing::info!("listening on http://{addr} (model loading; /readyz turns 200 when done)");
+        tracing::info!("listening on http://{addr} (model loading and warming up; /readyz turns 200 when done)");
         let st = state.clone();
         let loader = tokio::task::spawn_blocking(move || -> Result<()> {
-            let r = load::load(&a)?;
+            let r = load::load(&a, true)?;
             tracing::info!(model = %r.engine.info().model_id, ctx = r.engine.info().max_context, "model loaded");
             st.set_loaded(Loaded { engine: r.engine, tokenizer: r.tokenizer, chat: r.chat });
             Ok(())
