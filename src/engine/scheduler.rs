@@ -157,6 +157,21 @@ impl Worker {
         // The token sampled by the last `forward_sample` (session sampling).
         let mut next: Option<u32> = None;
         let mut row: Vec<f32> = Vec::new();
+        let mut usage = Usage {
+            prompt_tokens: req.prompt.len(),
+            completion_tokens: 0,
+            cached_tokens: keep,
+        };
+        let finish = |this: &mut Self, reason, text: String, sess, hist, usage| {
+            this.slot = Some((sess, hist));
+            let cancelled = reason == FinishReason::Cancelled;
+            let _ = sub.events.send(Event::Finished {
+                reason,
+                usage,
+                text,
+            });
+            Ok(cancelled)
+        };
         let t = Instant::now();
         // every chunk but the last: a client gone meanwhile stops the prompt there
         let rest = &req.prompt[keep..];
@@ -165,17 +180,14 @@ impl Worker {
         while rest.len() - done > chunk {
             if sub.is_cancelled() {
                 self.metrics.prefill(done, t.elapsed().as_nanos() as u64);
-                self.slot = Some((session, hist));
-                let _ = sub.events.send(Event::Finished {
-                    reason: FinishReason::Cancelled,
-                    usage: Usage {
-                        prompt_tokens: req.prompt.len(),
-                        completion_tokens: 0,
-                        cached_tokens: keep,
-                    },
-                    text: String::new(),
-                });
-                return Ok(true);
+                return finish(
+                    self,
+                    FinishReason::Cancelled,
+                    String::new(),
+                    session,
+                    hist,
+                    usage,
+                );
             }
             let part = &rest[done..done + chunk];
             session.forward(part, false).map_err(model_err)?;
@@ -210,21 +222,6 @@ impl Worker {
             count: 0,
             forced: Vec::new(),
         });
-        let mut usage = Usage {
-            prompt_tokens: req.prompt.len(),
-            completion_tokens: 0,
-            cached_tokens: keep,
-        };
-        let finish = |this: &mut Self, reason, text: String, sess, hist, usage| {
-            this.slot = Some((sess, hist));
-            let cancelled = reason == FinishReason::Cancelled;
-            let _ = sub.events.send(Event::Finished {
-                reason,
-                usage,
-                text,
-            });
-            Ok(cancelled)
-        };
 
         loop {
             if sub.is_cancelled() {
