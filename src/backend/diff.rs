@@ -433,6 +433,14 @@ impl<R: Backend, T: Backend> Ops for DiffBackend<R, T> {
         self.one("concat_cols", r, t)
     }
 
+    fn concat_rows(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor> {
+        let rp: Vec<_> = parts.iter().map(|p| &p.r).collect();
+        let tp: Vec<_> = parts.iter().map(|p| &p.t).collect();
+        let r = self.reference.concat_rows(&rp)?;
+        let t = self.test.concat_rows(&tp)?;
+        self.one("concat_rows", r, t)
+    }
+
     fn split_heads(
         &self,
         x: &Self::Tensor,

@@ -443,6 +443,9 @@ pub trait Ops: Runtime {
     /// Concatenate along columns.
     fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
 
+    /// Stack along rows (one width): the sequences of a step put back together.
+    fn concat_rows(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+
     /// Split every head of `x` (`n_heads` groups of `sum(sizes)` columns) into one tensor per
     /// part: `[n, n_heads * sum] -> [[n, n_heads * sizes[i]]]`.
     fn split_heads(

@@ -76,6 +76,22 @@ pub trait CausalLm: Send + Sync {
     fn info(&self) -> &ModelInfo;
     /// A fresh sequence with an empty cache.
     fn new_session(self: Arc<Self>) -> Box<dyn Session>;
+
+    /// One pass over several of this model's sessions: `tokens[i]` are appended to
+    /// `sessions[i]`, and each gets the logits of its last token (one row) or its own error.
+    /// Models that batch run them in one step, each weight read once for all; the default runs
+    /// each session on its own.
+    fn forward_batch(
+        &self,
+        sessions: &mut [&mut dyn Session],
+        tokens: &[&[u32]],
+    ) -> Vec<Result<Logits, ModelError>> {
+        sessions
+            .iter_mut()
+            .zip(tokens)
+            .map(|(s, t)| s.forward(t, false))
+            .collect()
+    }
 }
 
 /// One sequence's state (KV cache, recurrent state) plus the means to extend it.
@@ -85,6 +101,11 @@ pub trait Session: Send {
     fn forward(&mut self, tokens: &[u32], all: bool) -> Result<Logits, ModelError>;
     /// Tokens currently held.
     fn len(&self) -> usize;
+    /// The session as `Any`, for a model to recognise its own sessions in a batch
+    /// ([`CausalLm::forward_batch`]); None: not batchable.
+    fn as_any_mut(&mut self) -> Option<&mut dyn Any> {
+        None
+    }
     fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -479,6 +479,14 @@ fn shape_cases(cx: &mut Ctx) {
             cx.cpu.concat_cols(&[&h2, &h1, &h2])?.data,
         ))
     });
+    cx.case("concat_rows".into(), 0.0, |cx| {
+        let (g1, h1) = cx.t2(&x, n, c)?;
+        let (g2, h2) = cx.t2(&x[..c], 1, c)?;
+        Ok((
+            host(&cx.gpu, &cx.gpu.concat_rows(&[&g2, &g1, &g2])?)?,
+            cx.cpu.concat_rows(&[&h2, &h1, &h2])?.data,
+        ))
+    });
     cx.case("split_heads 3 x [128, 32]".into(), 0.0, |cx| {
         let (g, h) = cx.t2(&x, n, c)?;
         let gs = cx.gpu.split_heads(&g, 3, &[128, 32])?;

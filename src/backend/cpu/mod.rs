@@ -336,6 +336,25 @@ impl Ops for CpuBackend {
         Ok(CpuTensor { rows, cols, data })
     }
 
+    fn concat_rows(&self, parts: &[&CpuTensor]) -> Result<CpuTensor> {
+        let Some(first) = parts.first() else {
+            return Err(shape_err("concat_rows", "no parts".into()));
+        };
+        let cols = first.cols;
+        if let Some(p) = parts.iter().find(|p| p.cols != cols) {
+            return Err(shape_err(
+                "concat_rows",
+                format!("{} columns vs {cols}", p.cols),
+            ));
+        }
+        let data: Vec<f32> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+        Ok(CpuTensor {
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols,
+            data,
+        })
+    }
+
     fn split_heads(
         &self,
         x: &CpuTensor,

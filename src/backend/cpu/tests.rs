@@ -216,6 +216,11 @@ fn column_shuffles() {
     let c = b.concat_cols(&[&s, &x]).unwrap();
     assert_eq!(c.cols, 9);
     assert_eq!(c.row(1), &[7.0, 8.0, 9.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]);
+    let r = b.concat_rows(&[&x, &b.slice_rows(&x, 0, 1).unwrap()]).unwrap();
+    assert_eq!((r.rows, r.cols), (3, 6));
+    assert_eq!(r.row(2), x.row(0));
+    assert!(b.concat_rows(&[&x, &s]).is_err());
+    assert!(b.concat_rows(&[]).is_err());
     // 2 heads of [2 | 1]
     let parts = b.split_heads(&x, 2, &[2, 1]).unwrap();
     assert_eq!(parts[0].data, vec![0.0, 1.0, 3.0, 4.0, 6.0, 7.0, 9.0, 10.0]);

@@ -5,6 +5,7 @@ pub mod blocks;
 pub mod config;
 pub mod replay;
 pub mod residual;
+pub mod seqs;
 pub mod session;
 pub mod source;
 

@@ -10,11 +10,12 @@
 //! composition as its default, so which of them run fused is the backend's choice; the stream
 //! only asks.
 
-use crate::backend::{Backend, LogitRows, NormNext};
+use crate::backend::{Backend, NormNext};
 use crate::bk;
 use crate::model::ModelError;
 
 use super::blocks::{AttentionLayer, Dense, GateUp, MoeBlock, NormW};
+use super::seqs::SeqSteps;
 
 type R<T> = Result<T, ModelError>;
 
@@ -93,9 +94,26 @@ impl<'w, B: Backend> Residual<'w, B> {
         be: &B,
         norm: &NormW<B>,
         a: &AttentionLayer<B>,
-        cache: &mut B::KvCache,
-        step: &crate::backend::StepOf<B>,
+        caches: &mut [&mut B::KvCache],
+        seqs: &SeqSteps<'_, B>,
     ) -> R<B::Tensor> {
+        let step = seqs.step;
+        if seqs.many() || caches.len() != 1 {
+            // several sequences: q, k and v over every row, then each sequence's attention over
+            // its own cache
+            let x = self.norm(be, norm)?;
+            let (q, k, v) = a.qkv.forward(be, &x)?;
+            return seqs.each(be, vec![q, k, v], |j, t, step| {
+                let [q, k, v]: [B::Tensor; 3] = t
+                    .try_into()
+                    .map_err(|_| ModelError::Other("q, k and v of a sequence".into()))?;
+                let c = caches.get_mut(j).ok_or_else(|| {
+                    ModelError::Other(format!("no KV cache for sequence {j}"))
+                })?;
+                a.attend(be, (q, k, v), c, step)
+            });
+        }
+        let cache = &mut *caches[0];
         // The pending o_proj / down, the add, the norm and q/k/v as one request, unless q/k/v
         // could instead join the attention input (`Fused::linear_attn_prep`) and the backend
         // computes the norm as its composition would (then the projection, the add and the
@@ -159,20 +177,17 @@ impl<'w, B: Backend> Residual<'w, B> {
         moe.forward(be, &x)
     }
 
-    /// The rows that reach the LM head: `norm(h)` after the pending add, of the last row only
-    /// unless `rows` asks for every row; None for a step that wants no logits.
-    pub fn finish(self, be: &B, norm: &NormW<B>, rows: LogitRows) -> R<Option<B::Tensor>> {
-        if rows == LogitRows::None {
+    /// The rows that reach the LM head: `norm(h)` after the pending add, of the last row of each
+    /// sequence unless the step asks for every row; None for a step that wants no logits.
+    pub fn finish(self, be: &B, norm: &NormW<B>, seqs: &SeqSteps<'_, B>) -> R<Option<B::Tensor>> {
+        let rows = seqs.step.plan().logits();
+        // rows are independent here: selecting rows of h and y first equals selecting their sum
+        let Some(h) = seqs.logit_rows(be, self.h, rows)? else {
             return Ok(None);
-        }
-        let pending = self.pending.map(|p| p.output(be)).transpose()?;
-        let n = be.dims(&self.h).0;
-        // rows are independent here: slicing h and y first equals slicing their sum
-        let last = |t: &B::Tensor| -> R<B::Tensor> { bk!(be.slice_rows(t, n - 1, 1)) };
-        let (h, pending) = if rows == LogitRows::All || n == 1 {
-            (self.h, pending)
-        } else {
-            (last(&self.h)?, pending.as_ref().map(last).transpose()?)
+        };
+        let pending = match self.pending.map(|p| p.output(be)).transpose()? {
+            Some(y) => seqs.logit_rows(be, y, rows)?,
+            None => None,
         };
         Ok(Some(match pending {
             Some(y) => norm.add_apply(be, &h, &y)?.1,

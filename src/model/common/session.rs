@@ -39,11 +39,13 @@ pub trait Decoder: Send + Sync + 'static {
     fn info(&self) -> &ModelInfo;
     /// A fresh sequence's state.
     fn new_state(&self) -> R<Self::State>;
-    /// The forward pass of `step` (one sequence: `state`'s, at the step's positions).
+    /// The forward pass of `step`: its sequence `j` is `states[j]`'s, at the step's positions.
+    /// With several sequences the logits are the last row of each (or every row), in order, and
+    /// `hidden` is None.
     fn forward(
         &self,
         step: &StepOf<Self::B>,
-        state: &mut Self::State,
+        states: &mut [&mut Self::State],
     ) -> R<StepOutput<<Self::B as Runtime>::Tensor>>;
     /// Make `state`, holding `len` positions, hold only the first `n`; `ModelError::Rewind`
     /// where it cannot.
@@ -190,7 +192,7 @@ impl<D: Decoder> DecoderSession<D> {
         m.written(state, end);
         let r = if tokens.len() == 1 && !all {
             self.graph.step_many(be, tokens[0], start, |step| {
-                outputs(m.forward(step, state)?)
+                outputs(m.forward(step, &mut [&mut *state])?)
             })
         } else {
             // long prompts run in chunks (bounded activation memory, the rings' size); only the
@@ -211,7 +213,7 @@ impl<D: Decoder> DecoderSession<D> {
                     (true, false) => LogitRows::Last,
                 };
                 let r = bk!(StepPlan::single(c, at, rows).and_then(|p| be.step(p)))
-                    .and_then(|step| m.forward(&step, state));
+                    .and_then(|step| m.forward(&step, &mut [&mut *state]));
                 match r {
                     Ok(o) if last => out = outputs(o),
                     Ok(_) => {}
@@ -259,7 +261,7 @@ impl<D: Decoder> DecoderSession<D> {
             next,
             s.state_mut(),
             banned,
-            |step| outputs(m.forward(step, state)?),
+            |step| outputs(m.forward(step, &mut [&mut *state])?),
         );
         match r {
             Ok(mut st) => {
@@ -273,6 +275,139 @@ impl<D: Decoder> DecoderSession<D> {
             }
         }
     }
+}
+
+impl<D: Decoder> DecoderSession<D> {
+    /// One pass over several sessions of this model: `tokens[i]` are appended to `sessions[i]`
+    /// in one step (each weight read once for all of them) and each gets the logits of its last
+    /// token. A session whose tokens fail the checks gets its error and is left as it was; when
+    /// the pass fails, every session in it gets the error and is undone as a failed
+    /// [`Session::forward`] is. A batch with one valid session is that session's own pass (its
+    /// recorded decode step included).
+    pub fn forward_batch(sessions: &mut [&mut Self], tokens: &[&[u32]]) -> Vec<R<Logits>> {
+        let mut out: Vec<Option<R<Logits>>> = (0..sessions.len()).map(|_| None).collect();
+        if tokens.len() != sessions.len() {
+            let e = format!("{} token lists for {} sessions", tokens.len(), sessions.len());
+            return out.iter().map(|_| Err(ModelError::Other(e.clone()))).collect();
+        }
+        // (index, start, end) of each session that runs
+        let mut ok = Vec::new();
+        for (i, s) in sessions.iter_mut().enumerate() {
+            s.graph.forget_inflight();
+            let chunk = s.model.pass_chunk().max(1);
+            match s.check(tokens[i]) {
+                Ok(_) if tokens[i].len() > chunk => {
+                    out[i] = Some(Err(ModelError::Other(format!(
+                        "{} tokens in one batched pass; at most {chunk}",
+                        tokens[i].len()
+                    ))))
+                }
+                Ok(end) => ok.push((i, s.len, end)),
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        match ok.as_slice() {
+            [] => {}
+            &[(i, _, _)] => out[i] = Some(Session::forward(&mut *sessions[i], tokens[i], false)),
+            _ => {
+                let r = Self::pass_many(sessions, tokens, &ok);
+                for &(i, start, end) in &ok {
+                    let s = &mut *sessions[i];
+                    out[i] = Some(match &r {
+                        Ok(rows) => {
+                            s.len = end;
+                            s.hidden = None;
+                            Ok(rows[i].clone().expect("a row per session that ran"))
+                        }
+                        Err(e) => {
+                            s.fail(start, end);
+                            Err(ModelError::Other(e.to_string()))
+                        }
+                    });
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| o.expect("every session answered"))
+            .collect()
+    }
+
+    /// The step of the sessions in `ok` (index, start, end); the logits row of each, by index.
+    fn pass_many(
+        sessions: &mut [&mut Self],
+        tokens: &[&[u32]],
+        ok: &[(usize, usize, usize)],
+    ) -> R<Vec<Option<Logits>>> {
+        let model = Arc::clone(&sessions[ok[0].0].model);
+        if let Some(&(i, _, _)) = ok
+            .iter()
+            .find(|&&(i, _, _)| !Arc::ptr_eq(&sessions[i].model, &model))
+        {
+            return Err(ModelError::Other(format!(
+                "session {i} of a batch belongs to another model"
+            )));
+        }
+        let m = &*model;
+        let be = &**m.backend();
+        let seqs: Vec<(&[u32], usize)> = ok.iter().map(|&(i, st, _)| (tokens[i], st)).collect();
+        let step = bk!(StepPlan::batch(&seqs, LogitRows::Last).and_then(|p| be.step(p)))?;
+        let mut states = Vec::with_capacity(ok.len());
+        let mut at = ok.iter().peekable();
+        for (i, s) in sessions.iter_mut().enumerate() {
+            let Some(&(_, _, end)) = at.next_if(|&&(j, _, _)| j == i) else {
+                continue;
+            };
+            let st = made(m, &mut s.state)?;
+            m.written(st, end);
+            states.push(st);
+        }
+        let o = m.forward(&step, &mut states)?;
+        let logits = o
+            .logits
+            .ok_or_else(|| ModelError::Other("a pass returned no logits".into()))?;
+        let (rows, vocab) = be.dims(&logits);
+        if rows != ok.len() {
+            return Err(ModelError::Other(format!(
+                "a pass over {} sequences returned {rows} logits rows",
+                ok.len()
+            )));
+        }
+        let data = bk!(be.to_host(&logits))?;
+        let mut out: Vec<Option<Logits>> = vec![None; sessions.len()];
+        for (r, &(i, _, _)) in ok.iter().enumerate() {
+            out[i] = Some(Logits {
+                rows: 1,
+                vocab,
+                data: data[r * vocab..(r + 1) * vocab].to_vec(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// [`crate::model::CausalLm::forward_batch`] of decoder `D`: its sessions run in one pass; a
+/// batch holding any other session is refused whole.
+pub fn forward_batch<D: Decoder>(
+    sessions: &mut [&mut dyn Session],
+    tokens: &[&[u32]],
+) -> Vec<R<Logits>> {
+    let mut typed = Vec::with_capacity(sessions.len());
+    for s in sessions.iter_mut() {
+        match s
+            .as_any_mut()
+            .and_then(|a| a.downcast_mut::<DecoderSession<D>>())
+        {
+            Some(d) => typed.push(d),
+            None => {
+                let e = "a batch holds a session of another model";
+                return sessions
+                    .iter()
+                    .map(|_| Err(ModelError::Other(e.into())))
+                    .collect();
+            }
+        }
+    }
+    DecoderSession::forward_batch(&mut typed, tokens)
 }
 
 impl<D: Decoder> Session for DecoderSession<D> {
@@ -347,6 +482,10 @@ impl<D: Decoder> Session for DecoderSession<D> {
 
     fn len(&self) -> usize {
         self.len
+    }
+
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
     }
 
     fn rewind(&mut self, n: usize) -> R<()> {

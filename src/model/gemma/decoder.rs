@@ -25,6 +25,8 @@ use super::layers::{GemmaWeights, Layer};
 use super::spec::{GemmaSpec, NormForm};
 use super::weights::me;
 use crate::backend::{Activation, AttnParams, AttnPrep, Backend, Norm, PostNorm, StepOf};
+use super::session::GemmaState;
+use crate::model::common::seqs::SeqSteps;
 use crate::model::{Logits, ModelError, ModelInfo};
 
 /// A residual add still pending: the branch output `y`, the norm it takes before the add (None:
@@ -168,27 +170,14 @@ impl<B: Backend> GemmaModel<B> {
         &'w self,
         i: usize,
         r: Resid<'w, B>,
-        step: &StepOf<B>,
-        caches: &mut [Option<B::KvCache>],
+        seqs: &SeqSteps<'_, B>,
+        states: &mut [&mut GemmaState<B>],
         pli: Option<&B::Tensor>,
     ) -> Result<Resid<'w, B>, ModelError> {
         let be = &*self.backend;
-        let ls = &self.spec.layers[i];
         let w = &self.weights.layers[i];
         let (x, h) = self.norm_resid(r, &w.attn_norm)?;
-        let q = if ls.kv_source.is_none() {
-            let cache = caches[i]
-                .as_mut()
-                .ok_or_else(|| ModelError::Other(format!("layer {i} has no cache")))?;
-            self.prep_qkv(i, &h, step, cache)?
-        } else {
-            self.query(i, &h, step)?
-        };
-        let src = ls.kv_source.unwrap_or(i);
-        let cache = caches[src]
-            .as_ref()
-            .ok_or_else(|| ModelError::Other(format!("layer {src} has no cache")))?;
-        let o = self.attn_out(i, &q, cache, step, ls.n_kv_heads)?;
+        let o = self.attention_block(i, &h, seqs, states)?;
         let attn = Pending {
             y: o,
             post: Some(&w.post_attn_norm),
@@ -217,19 +206,61 @@ impl<B: Backend> GemmaModel<B> {
         })
     }
 
-    /// Own-KV layers: the q, k, v projections of `h`, then q/k norms, RoPE and the cache write
-    /// of k and v (v-normed where the model says so; V = raw K on K=V layers) as one
-    /// `attn_prep`. Returns the rotated q.
-    fn prep_qkv(
+    /// `Wo attention(q, KV)` of layer `i` for the attention norm's rows `h`: q, k and v over
+    /// every row, then each sequence's cache write and attention over its own caches (the
+    /// layer's own, or on KV-sharing layers the source layer's).
+    fn attention_block(
         &self,
         i: usize,
         h: &B::Tensor,
+        seqs: &SeqSteps<'_, B>,
+        states: &mut [&mut GemmaState<B>],
+    ) -> Result<B::Tensor, ModelError> {
+        let be = &*self.backend;
+        let ls = &self.spec.layers[i];
+        let src = ls.kv_source.unwrap_or(i);
+        let no_cache = |l: usize| ModelError::Other(format!("layer {l} has no cache"));
+        if states.len() != seqs.count() {
+            return Err(ModelError::Other(format!(
+                "{} states for a step of {} sequences",
+                states.len(),
+                seqs.count()
+            )));
+        }
+        let (q, k, v) = self.weights.layers[i].qkv.forward(be, h)?;
+        let (has_k, has_v) = (k.is_some(), v.is_some());
+        let xs: Vec<B::Tensor> = std::iter::once(q).chain(k).chain(v).collect();
+        let a = seqs.each(be, xs, |j, t, step| {
+            let st = &mut *states[j];
+            let mut t = t.into_iter();
+            let q = t.next().ok_or_else(|| ModelError::Other("no q rows".into()))?;
+            let k = if has_k { t.next() } else { None };
+            let v = if has_v { t.next() } else { None };
+            let q = if ls.kv_source.is_none() {
+                let cache = st.caches[i].as_mut().ok_or_else(|| no_cache(i))?;
+                self.prep_qkv(i, (q, k, v), step, cache)?
+            } else {
+                self.rope_query(i, &q, step)?
+            };
+            let cache = st.caches[src].as_ref().ok_or_else(|| no_cache(src))?;
+            be.attention(&q, cache, step, &self.attn_params(i, ls.n_kv_heads))
+                .map_err(me)
+        })?;
+        be.linear(&a, &self.weights.layers[i].o).map_err(me)
+    }
+
+    /// Own-KV layers: q/k norms, RoPE and the cache write of k and v of the q, k, v projections
+    /// (v-normed where the model says so; V = raw K on K=V layers) as one `attn_prep`. Returns
+    /// the rotated q.
+    fn prep_qkv(
+        &self,
+        i: usize,
+        (q, k, v): (B::Tensor, Option<B::Tensor>, Option<B::Tensor>),
         step: &StepOf<B>,
         cache: &mut B::KvCache,
     ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
         let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
-        let (q, k, v) = w.qkv.forward(be, h)?;
         let (Some(k), Some(kn)) = (k, &w.k_norm) else {
             return Err(ModelError::Other(format!("layer {i} has no K projection")));
         };
@@ -345,8 +376,16 @@ impl<B: Backend> GemmaModel<B> {
         n_kv_heads: usize,
     ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
-        let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
-        let p = AttnParams {
+        let a = be
+            .attention(q, cache, step, &self.attn_params(i, n_kv_heads))
+            .map_err(me)?;
+        be.linear(&a, &self.weights.layers[i].o).map_err(me)
+    }
+
+    /// Layer `i`'s attention parameters (with `n_kv_heads` KV heads).
+    fn attn_params(&self, i: usize, n_kv_heads: usize) -> AttnParams {
+        let ls = &self.spec.layers[i];
+        AttnParams {
             n_heads: self.spec.n_heads,
             n_kv_heads,
             head_dim: ls.head_dim,
@@ -357,9 +396,7 @@ impl<B: Backend> GemmaModel<B> {
                 None
             },
             softcap: None,
-        };
-        let a = be.attention(q, cache, step, &p).map_err(me)?;
-        be.linear(&a, &w.o).map_err(me)
+        }
     }
 
     /// The feed-forward half of layer `i` (+ MoE, + PLE, times the layer scalar).
@@ -439,21 +476,22 @@ impl<B: Backend> GemmaModel<B> {
         Ok(x)
     }
 
-    /// Run the step's tokens through every layer; returns the final-normed hidden
-    /// states `[n, hidden]`.
+    /// Run the step's tokens through every layer (sequence `j` of the step on `states[j]`);
+    /// returns the final-normed hidden states `[n, hidden]`.
     pub fn hidden_states(
         &self,
-        step: &StepOf<B>,
-        caches: &mut [Option<B::KvCache>],
+        seqs: &SeqSteps<'_, B>,
+        states: &mut [&mut GemmaState<B>],
     ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
+        let step = seqs.step;
         let x = be
             .embed(&self.weights.embed, step, self.spec.embed_scale)
             .map_err(me)?;
         let pli = self.ple_inputs(step, &x)?;
         let mut r = Resid { x, y: None };
         for i in 0..self.spec.n_layers() {
-            r = self.layer(i, r, step, caches, pli.as_ref())?;
+            r = self.layer(i, r, seqs, states, pli.as_ref())?;
         }
         Ok(self.norm_resid(r, &self.weights.final_norm)?.1)
     }

@@ -14,7 +14,8 @@ use super::decoder::GemmaModel;
 use super::weights::me;
 use crate::backend::{Backend, KvShape, LogitRows, StepOf};
 use crate::model::common::session::{Decoder, DecoderSession, StepOutput};
-use crate::model::{CausalLm, ModelError, ModelInfo, Session};
+use crate::model::common::seqs::SeqSteps;
+use crate::model::{CausalLm, Logits, ModelError, ModelInfo, Session};
 
 type R<T> = Result<T, ModelError>;
 
@@ -68,6 +69,14 @@ impl<B: Backend> CausalLm for GemmaModel<B> {
     fn new_session(self: Arc<Self>) -> Box<dyn Session> {
         Box::new(DecoderSession::new(self))
     }
+
+    fn forward_batch(
+        &self,
+        sessions: &mut [&mut dyn Session],
+        tokens: &[&[u32]],
+    ) -> Vec<R<Logits>> {
+        crate::model::common::session::forward_batch::<Self>(sessions, tokens)
+    }
 }
 
 impl<B: Backend> Decoder for GemmaModel<B> {
@@ -106,8 +115,20 @@ impl<B: Backend> Decoder for GemmaModel<B> {
         })
     }
 
-    fn forward(&self, step: &StepOf<B>, st: &mut GemmaState<B>) -> R<StepOutput<B::Tensor>> {
-        let h = self.hidden_states(step, &mut st.caches)?;
+    fn forward(
+        &self,
+        step: &StepOf<B>,
+        states: &mut [&mut GemmaState<B>],
+    ) -> R<StepOutput<B::Tensor>> {
+        let seqs = SeqSteps::new(&*self.backend, step)?;
+        let h = self.hidden_states(&seqs, states)?;
+        if seqs.many() {
+            let rows = seqs.logit_rows(&*self.backend, h, step.plan().logits())?;
+            return Ok(StepOutput {
+                logits: rows.map(|h| self.logits_tensor(&h)).transpose()?,
+                hidden: None,
+            });
+        }
         let one = self.backend.dims(&h).0 == 1;
         Ok(match step.plan().logits() {
             LogitRows::None => StepOutput {

@@ -8,13 +8,14 @@ use crate::backend::{Activation, AttnParams, Backend, KvShape, MoeParams, Rope, 
 use crate::bk;
 use crate::model::common::prefill_chunk;
 use crate::model::common::residual::Residual;
+use crate::model::common::seqs::{pick_each, SeqSteps};
 use crate::model::common::session::{Decoder, DecoderSession, StepOutput};
 use crate::model::common::source::BankSource;
 use crate::model::common::{
     expert_bank, AttentionLayer, Dense, GateUp, MoeBlock, NormW, Qkv, WeightSource,
 };
 use crate::model::registry::LoadOptions;
-use crate::model::{CausalLm, ModelError, ModelInfo, Session};
+use crate::model::{CausalLm, Logits, ModelError, ModelInfo, Session};
 use crate::ops::RopeLayout;
 
 use super::config::{Mixer, QwenConfig};
@@ -359,32 +360,59 @@ impl<B: Backend> CausalLm for QwenModel<B> {
     fn new_session(self: Arc<Self>) -> Box<dyn Session> {
         Box::new(DecoderSession::new(self))
     }
+    fn forward_batch(
+        &self,
+        sessions: &mut [&mut dyn Session],
+        tokens: &[&[u32]],
+    ) -> Vec<R<Logits>> {
+        crate::model::common::session::forward_batch::<Self>(sessions, tokens)
+    }
 }
 
 impl<B: Backend> QwenModel<B> {
-    /// The forward pass of `step` (one sequence, `states`' own): the logits of the rows the
+    /// The forward pass of `step` (sequence `j` is `states[j]`'s): the logits of the rows the
     /// step asks for.
     fn forward_step(
         &self,
         step: &StepOf<B>,
-        states: &mut [LayerState<B>],
+        states: &mut [&mut Vec<LayerState<B>>],
     ) -> R<StepOutput<B::Tensor>> {
         let be = &*self.be;
+        let seqs = SeqSteps::new(be, step)?;
+        if states.len() != seqs.count() {
+            return Err(ModelError::Other(format!(
+                "{} states for a step of {} sequences",
+                states.len(),
+                seqs.count()
+            )));
+        }
         let mut res = Residual::new(bk!(be.embed(&self.embed, step, 1.0))?);
-        for (layer, st) in self.layers.iter().zip(states.iter_mut()) {
-            match (&layer.mixer, st) {
-                (MixerW::Attn(a), LayerState::Kv(cache)) => {
-                    let out = res.attend(be, &layer.attn_norm, a, cache, step)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            match &layer.mixer {
+                MixerW::Attn(a) => {
+                    let mut caches = pick_each(
+                        states,
+                        |s| match s.get_mut(i) {
+                            Some(LayerState::Kv(c)) => Some(c),
+                            _ => None,
+                        },
+                        "KV cache for an attention layer",
+                    )?;
+                    let out = res.attend(be, &layer.attn_norm, a, &mut caches, &seqs)?;
                     res.add_projected(out, &a.o);
                 }
-                (MixerW::Gdn(g), LayerState::Gdn(s)) => {
+                MixerW::Gdn(g) => {
+                    let mut st = pick_each(
+                        states,
+                        |s| match s.get_mut(i) {
+                            Some(LayerState::Gdn(g)) => Some(g),
+                            _ => None,
+                        },
+                        "recurrent state for a Gated DeltaNet layer",
+                    )?;
                     let x = res.norm(be, &layer.attn_norm)?;
-                    res.add(g.forward(be, &x, s)?);
-                }
-                _ => {
-                    return Err(ModelError::Other(
-                        "layer state does not match its mixer".into(),
-                    ))
+                    let y = seqs.each(be, vec![x], |j, x, _| g.forward(be, &x[0], st[j]))?;
+                    res.add(y);
                 }
             }
             match &layer.ffn {
@@ -399,7 +427,7 @@ impl<B: Backend> QwenModel<B> {
             }
         }
         // a prompt chunk before the last wants no logits: its K/V rows are written
-        let logits = match res.finish(be, &self.norm, step.plan().logits())? {
+        let logits = match res.finish(be, &self.norm, &seqs)? {
             Some(h) => Some(bk!(
                 be.linear(&h, self.lm_head.as_ref().unwrap_or(&self.embed))
             )?),
@@ -431,7 +459,7 @@ impl<B: Backend> Decoder for QwenModel<B> {
     fn forward(
         &self,
         step: &StepOf<B>,
-        states: &mut Vec<LayerState<B>>,
+        states: &mut [&mut Vec<LayerState<B>>],
     ) -> R<StepOutput<B::Tensor>> {
         self.forward_step(step, states)
     }

@@ -299,6 +299,27 @@ impl CudaBackend {
         Ok(y)
     }
 
+    pub(super) fn concat_rows_impl(&self, parts: &[&GpuTensor]) -> Result<GpuTensor> {
+        let Some(first) = parts.first() else {
+            return Err(shape("concat_rows", "no parts".into()));
+        };
+        let cols = first.cols;
+        if let Some(p) = parts.iter().find(|p| p.cols != cols) {
+            return Err(shape("concat_rows", format!("{} columns vs {cols}", p.cols)));
+        }
+        let rows: usize = parts.iter().map(|p| p.rows).sum();
+        let y = self.alloc_tensor(rows, cols)?;
+        let mut off = 0;
+        for p in parts {
+            let n = p.rows * cols;
+            if n > 0 {
+                copy(self.pool.stream(), sub(y.ptr(), off, n)?, sub(p.ptr(), 0, n)?)?;
+            }
+            off += n;
+        }
+        Ok(y)
+    }
+
     pub(super) fn split_heads_impl(
         &self,
         x: &GpuTensor,

@@ -469,6 +469,10 @@ impl Ops for CudaBackend {
         self.concat_cols_impl(parts)
     }
 
+    fn concat_rows(&self, parts: &[&GpuTensor]) -> Result<GpuTensor> {
+        self.concat_rows_impl(parts)
+    }
+
     fn split_heads(
         &self,
         x: &GpuTensor,

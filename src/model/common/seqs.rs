@@ -1,0 +1,166 @@
+//! A step of several sequences as the decoders run it. Every op of a layer runs once over all
+//! the step's rows (one GEMM reads each weight once for every sequence), except the ones that
+//! read or write one sequence's own state: the KV cache write and attention, the recurrent
+//! state of a Gated DeltaNet layer. Those run per sequence over its rows, with the sequence's
+//! rows as a step of their own ([`SeqSteps`], made once per pass), and their outputs are stacked
+//! back in the step's row order.
+//!
+//! A step of one sequence has no parts: the decoders take their one-sequence path (fused ops,
+//! recorded CUDA graphs), unchanged.
+
+use crate::backend::{Backend, LogitRows, StepOf, StepPlan};
+use crate::bk;
+use crate::model::ModelError;
+
+type R<T> = Result<T, ModelError>;
+
+/// A step and, when it holds several sequences, each of them as a step of its own.
+pub struct SeqSteps<'s, B: Backend> {
+    pub step: &'s StepOf<B>,
+    /// One step per sequence, in the step's order (empty for one sequence).
+    parts: Vec<StepOf<B>>,
+}
+
+impl<'s, B: Backend> SeqSteps<'s, B> {
+    /// The parts of `step` (made here, once per pass: on CUDA one small upload per sequence).
+    pub fn new(be: &B, step: &'s StepOf<B>) -> R<Self> {
+        let plan = step.plan();
+        let mut parts = Vec::new();
+        if plan.seqs().len() > 1 {
+            let ids = bk!(plan.host_ids("step"))?;
+            for s in plan.seqs() {
+                let p = bk!(StepPlan::single(
+                    &ids[s.row0..s.row0 + s.rows],
+                    s.pos0,
+                    LogitRows::All
+                ))?;
+                parts.push(bk!(be.step(p))?);
+            }
+        }
+        Ok(SeqSteps { step, parts })
+    }
+
+    /// Whether the step holds several sequences (then ops with per-sequence state run per part).
+    pub fn many(&self) -> bool {
+        !self.parts.is_empty()
+    }
+
+    /// Sequences in the step.
+    pub fn count(&self) -> usize {
+        self.step.plan().seqs().len()
+    }
+
+    /// `f(j, rows of xs that are sequence j's, sequence j's step)` for each sequence, the
+    /// outputs stacked by rows in the step's order. On a one-sequence step `f` gets the tensors
+    /// whole and the step itself.
+    pub fn each(
+        &self,
+        be: &B,
+        xs: Vec<B::Tensor>,
+        mut f: impl FnMut(usize, Vec<B::Tensor>, &StepOf<B>) -> R<B::Tensor>,
+    ) -> R<B::Tensor> {
+        if !self.many() {
+            return f(0, xs, self.step);
+        }
+        let mut outs = Vec::with_capacity(self.parts.len());
+        for (j, (s, part)) in self
+            .step
+            .plan()
+            .seqs()
+            .iter()
+            .zip(&self.parts)
+            .enumerate()
+        {
+            let rows = xs
+                .iter()
+                .map(|x| bk!(be.slice_rows(x, s.row0, s.rows)))
+                .collect::<R<Vec<_>>>()?;
+            outs.push(f(j, rows, part)?);
+        }
+        let refs: Vec<&B::Tensor> = outs.iter().collect();
+        bk!(be.concat_rows(&refs))
+    }
+
+    /// The rows of `x` (one per step row) that reach the LM head for `rows`: all of them, or the
+    /// last of each sequence; None for [`LogitRows::None`]. `x` itself where that is every row.
+    pub fn logit_rows(&self, be: &B, x: B::Tensor, rows: LogitRows) -> R<Option<B::Tensor>> {
+        let plan = self.step.plan();
+        let n = be.dims(&x).0;
+        match rows {
+            LogitRows::None => Ok(None),
+            LogitRows::All => Ok(Some(x)),
+            LogitRows::Last if n == plan.seqs().len() => Ok(Some(x)),
+            LogitRows::Last => {
+                let last = plan
+                    .seqs()
+                    .iter()
+                    .map(|s| bk!(be.slice_rows(&x, s.row0 + s.rows - 1, 1)))
+                    .collect::<R<Vec<_>>>()?;
+                if last.len() == 1 {
+                    return Ok(last.into_iter().next());
+                }
+                let refs: Vec<&B::Tensor> = last.iter().collect();
+                Ok(Some(bk!(be.concat_rows(&refs))?))
+            }
+        }
+    }
+}
+
+/// Each state's `pick` (a layer's cache, say), in the step's sequence order; an error naming
+/// `what` where a state does not have one.
+pub fn pick_each<'a, S, T: 'a>(
+    states: &'a mut [&mut S],
+    mut pick: impl FnMut(&'a mut S) -> Option<&'a mut T>,
+    what: &str,
+) -> R<Vec<&'a mut T>> {
+    states
+        .iter_mut()
+        .map(|s| pick(&mut **s).ok_or_else(|| ModelError::Other(format!("no {what}"))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::backend::{Ops, Runtime};
+
+    #[test]
+    fn parts_follow_the_sequences() {
+        let be = CpuBackend::new();
+        let plan = StepPlan::batch(&[(&[1, 2, 3], 10), (&[4], 0)], LogitRows::Last).unwrap();
+        let step = be.step(plan).unwrap();
+        let s = SeqSteps::new(&be, &step).unwrap();
+        assert!(s.many());
+        assert_eq!(s.count(), 2);
+        let x = be
+            .tensor(&(0..8).map(|v| v as f32).collect::<Vec<_>>(), 4, 2)
+            .unwrap();
+        // each sequence sees its rows and its positions; outputs come back in row order
+        let mut seen = Vec::new();
+        let y = s
+            .each(&be, vec![x.clone()], |j, xs, st| {
+                seen.push((j, be.dims(&xs[0]).0, st.plan().positions()));
+                bk!(be.scale(&xs[0], (j + 1) as f32))
+            })
+            .map_err(|e| e.to_string())
+            .unwrap();
+        assert_eq!(seen, vec![(0, 3, vec![10, 11, 12]), (1, 1, vec![0])]);
+        assert_eq!(y.data, vec![0., 1., 2., 3., 4., 5., 12., 14.]);
+        let last = s.logit_rows(&be, x, LogitRows::Last).unwrap().unwrap();
+        assert_eq!(last.data, vec![4., 5., 6., 7.]);
+    }
+
+    #[test]
+    fn one_sequence_has_no_parts() {
+        let be = CpuBackend::new();
+        let step = be
+            .step(StepPlan::single(&[1, 2], 0, LogitRows::Last).unwrap())
+            .unwrap();
+        let s = SeqSteps::new(&be, &step).unwrap();
+        assert!(!s.many());
+        let x = be.tensor(&[1., 2., 3., 4.], 2, 2).unwrap();
+        let last = s.logit_rows(&be, x, LogitRows::Last).unwrap().unwrap();
+        assert_eq!(last.data, vec![3., 4.]);
+    }
+}
