@@ -19,6 +19,7 @@ fn engine(delay: Duration) -> EngineHandle {
             skip_special: false,
             prefix_reuse: false,
             prefill_chunk: 1,
+            ..SchedulerConfig::default()
         },
     )
 }

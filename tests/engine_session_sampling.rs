@@ -44,6 +44,7 @@ fn engine(lm: Arc<dyn CausalLm>) -> EngineHandle {
             skip_special: false,
             prefix_reuse: false,
             prefill_chunk: 8192,
+            ..SchedulerConfig::default()
         },
     )
 }

@@ -94,13 +94,24 @@ pub struct RunArgs {
     /// Key required on /v1/* (Bearer or x-api-key); empty = auth off.
     #[arg(long = "api-key", env = "FUCINA_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Generations admitted at once; more get 503 + Retry-After.
+    /// Sequences decoding together (each step runs them all); on CUDA at most as many as the
+    /// KV budget holds at the full context.
     #[arg(
         long = "max-concurrent",
-        default_value_t = 4,
+        default_value_t = 64,
         env = "FUCINA_MAX_CONCURRENT"
     )]
     pub max_concurrent: usize,
+    /// Requests that may wait beyond --max-concurrent; more get 503 + Retry-After.
+    #[arg(long = "max-queue", default_value_t = 256, env = "FUCINA_MAX_QUEUE")]
+    pub max_queue: usize,
+    /// Tokens per engine step: every running sequence's next token, then prompt chunks.
+    #[arg(
+        long = "max-batch-tokens",
+        default_value_t = 2048,
+        env = "FUCINA_MAX_BATCH_TOKENS"
+    )]
+    pub max_batch_tokens: usize,
     /// Absolute per-request output-token ceiling (0 = none).
     #[arg(
         long = "max-output-tokens",

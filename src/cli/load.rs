@@ -133,17 +133,18 @@ fn select(a: &RunArgs) -> Result<Selected<CudaChoice>> {
 }
 
 /// Load on the selected backend.
+/// Returns the model and, where device memory bounds it, how many sequences' KV caches fit.
 fn load_on_device(
     a: &RunArgs,
     ckpt: &Checkpoint,
     sel: Selected<CudaChoice>,
-) -> Result<Arc<dyn CausalLm>> {
+) -> Result<(Arc<dyn CausalLm>, Option<usize>)> {
     let cpu = || {
         let opts = LoadOptions {
             max_context: a.ctx,
             ..Default::default()
         };
-        load_model_on(ckpt, Arc::new(CpuBackend::new()), &opts)
+        load_model_on(ckpt, Arc::new(CpuBackend::new()), &opts).map(|m| (m, None))
     };
     match sel {
         Selected::Cpu => cpu(),
@@ -178,12 +179,13 @@ fn open_cuda(a: &RunArgs) -> std::result::Result<CudaChoice, String> {
     crate::backend::cuda::CudaBackend::new(a.cuda_device, a.kv_type).map_err(|e| e.to_string())
 }
 
-/// Weights onto the GPU with a progress bar, then the context capped by the KV budget.
+/// Weights onto the GPU with a progress bar, then the context capped by the KV budget. Returns
+/// the model and how many sequences' caches (each sized for the whole context) the budget holds.
 fn load_cuda(
     a: &RunArgs,
     ckpt: &Checkpoint,
     be: crate::backend::cuda::CudaBackend,
-) -> Result<Arc<dyn CausalLm>> {
+) -> Result<(Arc<dyn CausalLm>, Option<usize>)> {
     use crate::model::registry::KvBudget;
     let util = a.gpu_mem_util;
     tracing::info!(
@@ -206,6 +208,10 @@ fn load_cuda(
     let info = model.info();
     let per_token = be.kv_bytes(info.kv_elems_per_token);
     let fixed = be.kv_bytes(info.kv_fixed_elems);
+    let per_session = info.max_context as u64 * per_token + fixed;
+    let sessions = budget
+        .measured()
+        .map(|b| (b / per_session.max(1)).max(1) as usize);
     if let Some(b) = budget.measured() {
         match context_cap_line(info.max_context, a.ctx, util, b, per_token, fixed) {
             Some(line) => tracing::info!("{line}"),
@@ -224,7 +230,12 @@ fn load_cuda(
             ),
         }
     }
-    Ok(model)
+    if let Some(n) = sessions {
+        tracing::info!(
+            "KV caches of {n} sequences at the full context fit (--ctx lower: more at once)"
+        );
+    }
+    Ok((model, sessions))
 }
 
 /// Run a short prompt and a few one-token steps on a throw-away session, so that the kernels the
@@ -254,7 +265,7 @@ fn warm_up(model: &Arc<dyn CausalLm>) -> Result<()> {
 /// Load weights + tokenizer, pick the chat format, start the scheduler (a server warms the model
 /// up first: `warm`).
 pub fn load(a: &RunArgs, warm: bool) -> Result<Ready> {
-    let (model, tokenizer, template, model_id) = load_model(a)?;
+    let (model, tokenizer, template, model_id, sessions) = load_model(a)?;
     if warm {
         warm_up(&model)?;
     }
@@ -279,9 +290,14 @@ pub fn load(a: &RunArgs, warm: bool) -> Result<Ready> {
         tokenizer.clone(),
         SchedulerConfig {
             model_id,
-            skip_special: false,
-            prefix_reuse: true,
             prefill_chunk: crate::model::common::prefill_chunk(),
+            // the kept session (prefix reuse) holds one sequence's cache too
+            max_running: a
+                .max_concurrent
+                .min(sessions.map_or(usize::MAX, |n| n.saturating_sub(1).max(1)))
+                .max(1),
+            step_tokens: a.max_batch_tokens.max(1),
+            ..SchedulerConfig::default()
         },
     );
     Ok(Ready {
@@ -292,9 +308,16 @@ pub fn load(a: &RunArgs, warm: bool) -> Result<Ready> {
 }
 
 /// The checkpoint, its tokenizer and template files, and the id the API reports.
+#[allow(clippy::type_complexity)]
 fn load_model(
     a: &RunArgs,
-) -> Result<(Arc<dyn CausalLm>, Tokenizer, source::TemplateFiles, String)> {
+) -> Result<(
+    Arc<dyn CausalLm>,
+    Tokenizer,
+    source::TemplateFiles,
+    String,
+    Option<usize>,
+)> {
     let sel = select(a)?;
     let path = match &a.model {
         Some(p) => p.clone(),
@@ -304,12 +327,12 @@ fn load_model(
     let tok = crate::tokenizer::load_for_checkpoint(&ckpt, a.tokenizer.as_deref())
         .context("loading the tokenizer")?;
     let files = template_files(&ckpt, a.tokenizer.as_deref())?;
-    let model = load_on_device(a, &ckpt, sel)?;
+    let (model, sessions) = load_on_device(a, &ckpt, sel)?;
     let id = path
         .file_name()
         .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
         .unwrap_or_else(|| model.info().arch.clone());
-    Ok((model, tok, files, id))
+    Ok((model, tok, files, id, sessions))
 }
 
 /// Build the model on `backend` (any backend), with a progress bar over the weight bytes when

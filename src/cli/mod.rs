@@ -142,6 +142,7 @@ fn serve(a: RunArgs, thinking: ThinkingLevel) -> Result<ExitCode> {
     let cfg = ServerConfig {
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         max_concurrent: a.max_concurrent.max(1),
+        max_queue: a.max_queue,
         max_output_tokens: a.max_output_tokens,
         default_max_tokens: a.predict,
         timeout: a.timeout.map(Duration::from_secs),

@@ -113,6 +113,13 @@ impl Planner {
 
     /// Queue a sequence of `prompt` tokens (at least one).
     pub fn add(&mut self, id: SeqId, prompt: usize) -> Result<(), PlanError> {
+        self.add_cached(id, prompt, 0)
+    }
+
+    /// Queue a sequence of `prompt` tokens whose first `cached` already have K/V rows (a reused
+    /// prefix, below `prompt`): only the rest runs. Its blocks are reserved from position 0 on
+    /// admission; if it is preempted, it is recomputed from the start.
+    pub fn add_cached(&mut self, id: SeqId, prompt: usize, cached: usize) -> Result<(), PlanError> {
         if self.find(id) {
             return Err(PlanError::Duplicate(id));
         }
@@ -127,7 +134,7 @@ impl Planner {
         self.waiting.push_back(Seq {
             id,
             tokens: prompt.max(1),
-            computed: 0,
+            computed: cached.min(prompt.saturating_sub(1)),
             table: BlockTable::default(),
         });
         Ok(())
@@ -314,6 +321,19 @@ mod tests {
         }
         assert_eq!(done, 20);
         assert_eq!(p.running(), 3);
+    }
+
+    #[test]
+    fn a_cached_prefix_runs_only_the_rest_but_holds_its_blocks() {
+        let mut p = planner(8, 64, 8);
+        p.add_cached(1, 10, 7).unwrap();
+        // a fully cached prompt still runs its last token (its logits are needed)
+        p.add_cached(2, 4, 9).unwrap();
+        let s = p.schedule();
+        let runs: Vec<_> = s.runs.iter().map(|r| (r.id, r.start, r.n, r.logits)).collect();
+        assert_eq!(runs, vec![(1, 7, 3, true), (2, 3, 1, true)]);
+        assert_eq!(p.table(1).unwrap().held(), 3);
+        assert_eq!(p.blocks().free, 4);
     }
 
     #[test]

@@ -102,7 +102,7 @@ impl HttpMetrics {
             "Time from request to the first generated token.",
             &mut out,
         );
-        let gauges: [(&str, &str, f64); 14] = [
+        let gauges: [(&str, &str, f64); 18] = [
             (
                 "fucina_ready",
                 "1 when the model is loaded.",
@@ -127,6 +127,11 @@ impl HttpMetrics {
                 "fucina_running_sequences",
                 "Sequences the scheduler is running.",
                 e.running as f64,
+            ),
+            (
+                "fucina_waiting_sequences",
+                "Admitted sequences waiting for KV blocks or a step (new or preempted).",
+                e.waiting as f64,
             ),
             (
                 "fucina_prefill_tokens_per_second",
@@ -173,6 +178,21 @@ impl HttpMetrics {
                 "Tokens generated.",
                 e.decode_tokens as f64,
             ),
+            (
+                "fucina_kv_blocks_used",
+                "KV blocks held by running sequences.",
+                e.kv_blocks_used as f64,
+            ),
+            (
+                "fucina_kv_blocks_free",
+                "KV blocks free.",
+                e.kv_blocks_total.saturating_sub(e.kv_blocks_used) as f64,
+            ),
+            (
+                "fucina_preemptions_total",
+                "Sequences preempted (their KV blocks taken back; recomputed later).",
+                e.preemptions as f64,
+            ),
         ];
         for (name, help, v) in gauges {
             let kind = if name.ends_with("_total") {
@@ -185,6 +205,16 @@ impl HttpMetrics {
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
             );
         }
+        let _ = writeln!(out, "# HELP fucina_batch_size Sequences per engine step.\n# TYPE fucina_batch_size histogram");
+        let mut cum = 0;
+        for (i, n) in e.batch_steps.iter().enumerate() {
+            cum += n;
+            let le = crate::engine::metrics::BATCH_BUCKETS
+                .get(i)
+                .map_or("+Inf".to_string(), |u| u.to_string());
+            let _ = writeln!(out, "fucina_batch_size_bucket{{le=\"{le}\"}} {cum}");
+        }
+        let _ = writeln!(out, "fucina_batch_size_count {cum}");
         let _ = writeln!(out, "# HELP fucina_generations_finished_total Generations finished (cancelled included).\n# TYPE fucina_generations_finished_total counter\nfucina_generations_finished_total {}", e.requests_finished);
         let _ = writeln!(out, "# HELP fucina_generations_cancelled_total Generations cancelled by a client going away.\n# TYPE fucina_generations_cancelled_total counter\nfucina_generations_cancelled_total {}", e.requests_cancelled);
         out

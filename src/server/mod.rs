@@ -33,8 +33,10 @@ pub use errors::{ApiError, Flavor};
 pub struct ServerConfig {
     /// `None` or empty: auth off.
     pub api_key: Option<String>,
-    /// In-flight generations admitted at once; more get 503 + Retry-After.
+    /// Generations running together (the engine's batch).
     pub max_concurrent: usize,
+    /// Generations that may wait beyond `max_concurrent`; more get 503 + Retry-After.
+    pub max_queue: usize,
     /// Absolute per-request ceiling on generated tokens; 0 = none.
     pub max_output_tokens: usize,
     /// Generated tokens when a request gives no `max_tokens`.
@@ -51,12 +53,20 @@ impl Default for ServerConfig {
         Self {
             api_key: None,
             max_concurrent: 4,
+            max_queue: 0,
             max_output_tokens: 0,
             default_max_tokens: 512,
             timeout: None,
             body_limit: 8 << 20,
             defaults: params::Defaults::default(),
         }
+    }
+}
+
+impl ServerConfig {
+    /// Generations admitted at once: running and waiting.
+    pub fn admitted(&self) -> usize {
+        self.max_concurrent.max(1) + self.max_queue
     }
 }
 
@@ -79,7 +89,7 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(cfg: ServerConfig) -> Arc<Self> {
-        let admission = Arc::new(Semaphore::new(cfg.max_concurrent.max(1)));
+        let admission = Arc::new(Semaphore::new(cfg.admitted()));
         Arc::new(Self {
             cfg,
             loaded: OnceLock::new(),
@@ -108,14 +118,14 @@ impl AppState {
             .clone()
             .try_acquire_owned()
             .map_err(|_| ApiError::Overloaded {
-                max: self.cfg.max_concurrent,
+                max: self.cfg.admitted(),
                 retry_after_s: 1,
             })
     }
 
     /// Generations in flight.
     pub fn in_flight(&self) -> usize {
-        self.cfg.max_concurrent.max(1) - self.admission.available_permits()
+        self.cfg.admitted() - self.admission.available_permits()
     }
 }
 

@@ -177,6 +177,7 @@ pub async fn start(
             skip_special: false,
             prefix_reuse: true,
             prefill_chunk: 8192,
+            ..SchedulerConfig::default()
         },
     );
     let chat = ChatFormat::new(
@@ -222,6 +223,7 @@ pub async fn start_with(
             skip_special: false,
             prefix_reuse,
             prefill_chunk: 8192,
+            ..SchedulerConfig::default()
         },
     );
     let chat = Dialect::detect(&tok).map(|d| {
