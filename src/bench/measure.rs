@@ -91,6 +91,9 @@ pub struct Plan {
     pub pause_ms: u64,
     /// Log each timed decode step's host time summary (`--step-times`).
     pub step_times: bool,
+    /// Sequences per `--batch` row.
+    pub batch: Vec<usize>,
+    pub batch_prompt: usize,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -125,6 +128,7 @@ pub struct Report {
     pub weight_bytes_per_token: u64,
     pub prefill: Vec<Prefill>,
     pub decode: Vec<Decode>,
+    pub batched: Vec<Batched>,
     pub pool_peak_bytes: Option<u64>,
     pub driver_used_bytes: Option<u64>,
 }
@@ -182,6 +186,12 @@ pub fn run<B: Backend>(
         .iter()
         .copied()
         .chain(plan.depths.iter().map(|d| d + plan.decode_tokens))
+        .chain(
+            plan.batch
+                .iter()
+                .take(1)
+                .map(|_| plan.batch_prompt + plan.decode_tokens),
+        )
         .max()
         .unwrap_or(1)
         + 16;
@@ -301,6 +311,25 @@ pub fn run<B: Backend>(
             roofline: rl,
         });
     }
+    let mut batched_rows = Vec::new();
+    for &b in plan.batch.iter().filter(|&&b| b > 0) {
+        probe.idle()?;
+        let r = batched(
+            &model,
+            b,
+            plan.batch_prompt,
+            plan.decode_tokens,
+            2048,
+            &mut rng,
+        )
+        .with_context(|| format!("--batch {b}"))?;
+        log(&format!(
+            "batched decode B={b}: {:.1} tok/s aggregate ({:.1} per sequence)",
+            r.tok_s,
+            r.tok_s / b as f64
+        ));
+        batched_rows.push(r);
+    }
     let mem = probe.memory();
     Ok(Report {
         model: path.display().to_string(),
@@ -314,6 +343,7 @@ pub fn run<B: Backend>(
         weight_bytes_per_token: db.weights,
         prefill: pre,
         decode: dec,
+        batched: batched_rows,
         pool_peak_bytes: mem.map(|m| m.0),
         driver_used_bytes: mem.map(|m| m.2),
     })
@@ -350,4 +380,70 @@ impl Probe for CpuProbe {
     fn kv_elem_bytes(&self) -> f64 {
         4.0
     }
+}
+/// One `--batch` row: `batch` sequences of `prompt` tokens prefilled together, then `tokens`
+/// decode steps over all of them (one forward pass each).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Batched {
+    pub batch: usize,
+    pub prompt: usize,
+    pub tokens: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    /// Generated tokens of all sequences per second of decode.
+    pub tok_s: f64,
+}
+
+/// `batch` sequences through the engine's batched pass: prompts in steps of at most
+/// `step_tokens` tokens, then `tokens` decode steps of every sequence at once, each feeding the
+/// greedy choice of its own logits row (the logits of all rows come to the host, as the
+/// scheduler's do).
+pub fn batched(
+    model: &Arc<dyn CausalLm>,
+    batch: usize,
+    prompt: usize,
+    tokens: usize,
+    step_tokens: usize,
+    rng: &mut super::synth::Rng,
+) -> Result<Batched> {
+    let vocab = model.info().vocab_size;
+    let mut sessions: Vec<Box<dyn Session>> =
+        (0..batch).map(|_| model.clone().new_session()).collect();
+    let prompts: Vec<Vec<u32>> = (0..batch).map(|_| ids(prompt, vocab, rng)).collect();
+    let per_step = (step_tokens / prompt.max(1)).max(1);
+    let mut next = vec![0u32; batch];
+    let t0 = Instant::now();
+    for lo in (0..batch).step_by(per_step) {
+        let hi = (lo + per_step).min(batch);
+        let mut refs: Vec<&mut dyn Session> = Vec::with_capacity(hi - lo);
+        for s in &mut sessions[lo..hi] {
+            refs.push(&mut **s);
+        }
+        let toks: Vec<&[u32]> = prompts[lo..hi].iter().map(|p| p.as_slice()).collect();
+        for (i, l) in model.forward_batch(&mut refs, &toks).into_iter().enumerate() {
+            next[lo + i] = argmax(&l?);
+        }
+    }
+    let prefill_seconds = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    for _ in 0..tokens {
+        let mut refs: Vec<&mut dyn Session> = Vec::with_capacity(batch);
+        for s in &mut sessions {
+            refs.push(&mut **s);
+        }
+        let feed: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let toks: Vec<&[u32]> = feed.iter().map(|t| t.as_slice()).collect();
+        for (i, l) in model.forward_batch(&mut refs, &toks).into_iter().enumerate() {
+            next[i] = argmax(&l?);
+        }
+    }
+    let decode_seconds = t1.elapsed().as_secs_f64();
+    Ok(Batched {
+        batch,
+        prompt,
+        tokens,
+        prefill_seconds,
+        decode_seconds,
+        tok_s: (batch * tokens) as f64 / decode_seconds,
+    })
 }

@@ -79,6 +79,14 @@ pub struct BenchArgs {
     /// Log a summary of every timed decode step's host time (quantiles, slowest steps).
     #[arg(long = "step-times")]
     pub step_times: bool,
+    /// Batched decode: for each B, B sequences of --batch-prompt tokens prefilled, then
+    /// --decode-tokens steps of all of them at once (aggregate tok/s). Every sequence's cache
+    /// is sized for the plan's longest context: lower --depths to fit many.
+    #[arg(long, value_delimiter = ',')]
+    pub batch: Vec<usize>,
+    /// Prompt tokens of each sequence of a --batch row.
+    #[arg(long = "batch-prompt", default_value_t = 128)]
+    pub batch_prompt: usize,
 }
 
 /// The file to measure: `--model`, or the synthesised one (written unless present).
@@ -155,6 +163,8 @@ pub fn run(a: &BenchArgs) -> Result<Option<Report>> {
         seed: a.seed,
         pause_ms: a.pause_ms,
         step_times: a.step_times,
+        batch: a.batch.clone(),
+        batch_prompt: a.batch_prompt.max(1),
     };
     log(&crate::tuning::get().to_string());
     use crate::backend::Device;
@@ -232,6 +242,16 @@ pub fn table(r: &Report) -> String {
             gb(d.roofline.bytes_per_token),
             d.roofline.roofline_tok_s,
             d.roofline.percent
+        ));
+    }
+    for b in &r.batched {
+        s.push_str(&format!(
+            "| decode B={} (pp{} + tg{} each) | {} | {:.1} | | | | |\n",
+            b.batch,
+            b.prompt,
+            b.tokens,
+            b.batch * b.tokens,
+            b.tok_s
         ));
     }
     if let (Some(p), Some(u)) = (r.pool_peak_bytes, r.driver_used_bytes) {

@@ -326,6 +326,8 @@ fn run_cpu(
         seed,
         pause_ms: 0,
         step_times: false,
+        batch: vec![1, 3],
+        batch_prompt: 5,
     };
     measure::run(path, Arc::new(CpuBackend::new()), probe, &plan, &mut |_| {}).unwrap()
 }
@@ -345,6 +347,10 @@ fn bench_runs_end_to_end_on_the_cpu() {
     assert!(r.decode[1].roofline.bytes_per_token > r.decode[0].roofline.bytes_per_token);
     let t = super::table(&r);
     assert!(t.contains("decode tg4 @ depth 20"), "{t}");
+    // --batch 1,3: three sequences of 5 prompt tokens decoded together
+    assert_eq!(r.batched.len(), 2);
+    assert!(r.batched.iter().all(|b| b.tok_s > 0.0 && b.tokens == 4));
+    assert!(t.contains("decode B=3 (pp5 + tg4 each) | 12 |"), "{t}");
     let j = serde_json::to_value(&r).unwrap();
     assert_eq!(j["prefill"][1]["tokens"], 24);
 }
@@ -377,7 +383,8 @@ fn bench_waits_for_an_idle_device_before_each_measurement() {
     let probe = IdleCounter(std::cell::Cell::new(0));
     let r = run_cpu(&path, &probe, (vec![8, 16], 2, vec![0, 10, 12]), 1 << 20, 3);
     assert_eq!((r.prefill.len(), r.decode.len()), (2, 3));
-    assert_eq!(probe.0.get(), 5);
+    // two prompts, three depths, two batch rows
+    assert_eq!(probe.0.get(), 7);
 }
 
 #[test]
