@@ -1,12 +1,14 @@
 //! `fucina bench`: prefill, time to first token, batch-1 decode at several depths, memory, and
 //! decode against the read roofline, on a GGUF or on a random-weight GGUF written at a real
-//! model's shape (`--synth NAME --quant Q`).
+//! model's shape (`--synth NAME --quant Q`); batched decode (`--batch`); or, with `--serve URL`,
+//! a load generator against a running server.
 
 pub mod cuda;
 pub mod gguf_write;
 pub mod measure;
 pub mod presets;
 pub mod roofline;
+pub mod serve;
 pub mod synth;
 
 use std::path::PathBuf;
@@ -87,6 +89,16 @@ pub struct BenchArgs {
     /// Prompt tokens of each sequence of a --batch row.
     #[arg(long = "batch-prompt", default_value_t = 128)]
     pub batch_prompt: usize,
+    /// Drive a running server instead (`http://host:port`): for each --clients N, N concurrent
+    /// streaming completions of --batch-prompt random prompt ids and --decode-tokens outputs.
+    #[arg(long, conflicts_with_all = ["model", "synth"])]
+    pub serve: Option<String>,
+    /// Concurrent clients per --serve level.
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    pub clients: Vec<usize>,
+    /// --serve: the server's API key.
+    #[arg(long = "api-key", env = "FUCINA_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
 }
 
 /// The file to measure: `--model`, or the synthesised one (written unless present).
@@ -151,6 +163,31 @@ pub fn model_path(a: &BenchArgs, log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
 /// `fucina bench`.
 pub fn run(a: &BenchArgs) -> Result<Option<Report>> {
     let mut log = |s: &str| eprintln!("bench: {s}");
+    if let Some(url) = &a.serve {
+        let url = url.trim_end_matches('/');
+        let mut rows = Vec::new();
+        for &n in a.clients.iter().filter(|&&n| n > 0) {
+            let r = serve::load(
+                url,
+                a.api_key.as_deref().filter(|k| !k.is_empty()),
+                n,
+                a.batch_prompt.max(1),
+                a.decode_tokens.max(1),
+                a.seed,
+            )?;
+            log(&format!(
+                "{n} clients: {:.1} tok/s, TTFT p50 {:.0} ms, {} errors",
+                r.tok_s, r.ttft_p50_ms, r.errors
+            ));
+            rows.push(r);
+        }
+        println!("{}", serve::table(&rows));
+        if let Some(j) = &a.json {
+            std::fs::write(j, serde_json::to_string_pretty(&rows)?)
+                .with_context(|| format!("writing {}", j.display()))?;
+        }
+        return Ok(None);
+    }
     let path = model_path(a, &mut log)?;
     if a.synth_only {
         return Ok(None);
