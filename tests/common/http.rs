@@ -177,6 +177,8 @@ pub async fn start(
             skip_special: false,
             prefix_reuse: true,
             prefill_chunk: 8192,
+            // as the CLI does: the server's running limit is the engine's
+            max_running: cfg.max_concurrent,
             ..SchedulerConfig::default()
         },
     );
@@ -223,6 +225,8 @@ pub async fn start_with(
             skip_special: false,
             prefix_reuse,
             prefill_chunk: 8192,
+            // as the CLI does: the server's running limit is the engine's
+            max_running: cfg.max_concurrent,
             ..SchedulerConfig::default()
         },
     );
