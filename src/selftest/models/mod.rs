@@ -6,6 +6,7 @@
 //! Metric (as the golden tests): per position, max_i |got_i - want_i| / max_i |want_i| over the
 //! vocabulary; a row reports the maximum over positions and sequences, and the max abs error.
 
+mod batch;
 pub mod bisect;
 pub mod fidelity;
 mod ring;
@@ -601,6 +602,8 @@ pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
             part.extend(synth::check_hd128(&gpu, &cpu_int8));
             // sliding-window rings wrapped several times, against the whole context
             part.extend(ring::ring_rows(&gpu, &cpu));
+            // steps of several sequences (prompts and decodes mixed)
+            part.extend(batch::batch_rows(&gpu, &cpu));
         }
         let bound = (kv == KvType::Fp8E4m3).then_some(FP8_KV_270M_BOUND);
         part.push(gemma3_270m_row(&gpu, &cpu_int8, bound));
