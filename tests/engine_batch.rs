@@ -184,3 +184,34 @@ fn a_request_the_pool_cannot_hold_fails_alone() {
     let grows = run_all(&e, vec![request(vec![1, 2, 3], 60, greedy())]);
     assert!(grows[0].as_ref().unwrap_err().contains("KV cache cannot hold"));
 }
+
+#[test]
+fn a_client_leaving_mid_decode_frees_its_sequence_and_the_others_go_on() {
+    let lm = tiny_qwen3();
+    let e = engine(lm.clone(), SchedulerConfig::default());
+    let ps = prompts(3);
+    let mut streams: Vec<_> = ps
+        .iter()
+        .map(|p| e.submit(request(p.clone(), 60, greedy())).unwrap())
+        .collect();
+    // the second client reads three tokens and goes away
+    let mut leaving = streams.remove(1);
+    for _ in 0..3 {
+        assert!(matches!(leaving.next_blocking(), Some(Event::Token { .. })));
+    }
+    drop(leaving);
+    for (p, mut s) in [&ps[0], &ps[2]].into_iter().zip(streams) {
+        let mut ids = Vec::new();
+        loop {
+            match s.next_blocking().expect("a terminal event") {
+                Event::Token { id, .. } => ids.push(id),
+                Event::Finished { .. } => break,
+                Event::Error(err) => panic!("{err}"),
+            }
+        }
+        assert_eq!(ids, direct(&lm, p, 60));
+    }
+    let m = e.metrics().snapshot();
+    assert_eq!(m.requests_cancelled, 1);
+    assert_eq!((m.running, m.waiting, m.kv_blocks_used), (0, 0, 0));
+}
