@@ -198,3 +198,43 @@ async fn overload_gets_503_and_vanished_client_frees_its_slot() {
     assert!(freed, "slot not freed: in_flight {}", state.in_flight());
     still_serving(addr).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_beyond_the_running_limit_wait_up_to_max_queue() {
+    let cfg = ServerConfig {
+        max_concurrent: 1,
+        max_queue: 1,
+        ..Default::default()
+    };
+    let (addr, state) = start(cfg, 1 << 20, Duration::from_millis(2)).await;
+    let mut forever = chat("FOREVER");
+    forever["stream"] = json!(true);
+    forever["max_tokens"] = json!(100000);
+    // the one running sequence: an endless stream
+    let mut sock = open_partial(addr, "/v1/chat/completions", &forever, 200).await;
+    // the next request waits in the engine's queue
+    let queued = tokio::spawn(async move { post(addr, "/v1/chat/completions", &chat("hi")).await });
+    let engine = state.loaded().unwrap().engine.clone();
+    let mut waiting = false;
+    for _ in 0..500 {
+        if engine.metrics().snapshot().waiting == 1 {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(waiting, "the second request is not waiting");
+    // the queue is full: the third is refused
+    let r = post(addr, "/v1/chat/completions", &chat("hi")).await;
+    assert_openai_error(&r, 503, "concurrency limit");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    // the stream ends; the queued request runs and completes
+    sock.shutdown().await.ok();
+    drop(sock);
+    let q = tokio::time::timeout(Duration::from_secs(30), queued)
+        .await
+        .expect("the queued request finished")
+        .unwrap();
+    assert_eq!(q.status, 200, "{}", q.text());
+    still_serving(addr).await;
+}
