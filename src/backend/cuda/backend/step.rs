@@ -47,16 +47,13 @@ pub(crate) fn step_image(plan: &StepPlan) -> Result<Vec<i32>, CudaError> {
 }
 
 impl GpuStep {
-    /// Upload `plan` into a new buffer: a one-row step (a session's decode step, what a
-    /// recording reads for its whole life) gets a buffer of its own from the driver, as the
-    /// decode step's buffer always had; a longer one (a prompt pass) a pooled buffer.
+    /// Upload `plan` into a new pooled buffer (owned by the step while it lives, so a recording
+    /// made over it, dropped first, never reads a buffer handed to anyone else). Not a driver
+    /// allocation: freeing one synchronises the stream, and a batched pass makes a one-row step
+    /// per decoding sequence.
     pub fn new(pool: &Arc<Pool>, plan: &StepPlan) -> Result<GpuStep, CudaError> {
         let image = step_image(plan)?;
-        let buf = if plan.rows() == 1 {
-            pool.upload_persistent(&image)?
-        } else {
-            pool.upload(&image)?
-        };
+        let buf = pool.upload(&image)?;
         Ok(GpuStep {
             buf,
             rows: plan.rows(),
