@@ -4,9 +4,10 @@
 //! op of the pass and a recorded CUDA graph read them there), and every op that needs token ids
 //! or positions (`embed`, `rope`, `kv_write`, `attn_prep`, `attention`) takes the step.
 //!
-//! A step's rows are the flattened tokens of its sequences, sequence after sequence. Today's
-//! models run one sequence per step; the layout already holds several (the batched engine
-//! fills it), and an op that cannot run several yet says so ([`StepPlan::one_seq`]).
+//! A step's rows are the flattened tokens of its sequences, sequence after sequence. The
+//! decoders run the ops that touch one sequence's state (the KV write, attention) per sequence,
+//! each over a step of its own (`model::common::seqs`); such an op given a step of several
+//! sequences says so ([`StepPlan::one_seq`]).
 
 use super::{BackendError, Result};
 

@@ -1,13 +1,13 @@
 //! The engine interface: typed generation requests go in over a channel, a stream of typed
 //! events comes back. The HTTP server, the one-shot CLI and the REPL talk only to
-//! [`EngineHandle`]; what runs behind it (today the single-sequence [`scheduler`], later a
-//! continuous-batching one) can be swapped without touching them.
+//! [`EngineHandle`]; what runs behind it (the continuous-batching [`scheduler`], whose steps
+//! [`plan`] decides) can change without touching them.
 //!
 //! Life of a request: [`EngineHandle::submit`] validates it against the model's context, sends a
 //! [`Submission`] to the scheduler thread and returns a [`RequestStream`]. The scheduler emits
 //! [`Event::Token`]s (token id, the text it completes, optional logprobs) and exactly one
 //! terminal event, [`Event::Finished`] or [`Event::Error`]. Dropping the stream cancels the
-//! request: the scheduler notices before its next forward pass and frees the slot.
+//! request: the scheduler notices before its next step and frees the sequence.
 
 pub mod metrics;
 pub mod plan;
