@@ -296,4 +296,10 @@ async fn concurrent_clients_decode_together_with_their_own_tokens() {
     );
     // at most 8 sequences a step
     assert_eq!(bucket("8"), bucket("+Inf"));
+    let sum: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("fucina_batch_size_sum "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("fucina_batch_size_sum");
+    assert!(sum > bucket("+Inf") && sum <= 8 * bucket("+Inf"), "sum {sum}");
 }

@@ -26,6 +26,8 @@ pub struct EngineMetrics {
     /// Steps by the number of sequences they ran, bucketed by [`BATCH_BUCKETS`] (the last
     /// bucket: more).
     batch_steps: [AtomicU64; BATCH_BUCKETS.len() + 1],
+    /// Sequences over all steps (the histogram's sum).
+    batch_seqs: AtomicU64,
 }
 
 /// Upper bounds of the batch-size histogram's buckets (sequences per step).
@@ -57,6 +59,8 @@ pub struct MetricsSnapshot {
     pub kv_blocks_total: u64,
     /// Steps per batch-size bucket ([`BATCH_BUCKETS`], then more), not cumulative.
     pub batch_steps: [u64; BATCH_BUCKETS.len() + 1],
+    /// Sequences summed over all steps.
+    pub batch_seqs: u64,
 }
 
 impl MetricsSnapshot {
@@ -64,9 +68,6 @@ impl MetricsSnapshot {
     pub fn batched_steps(&self) -> u64 {
         self.batch_steps[1..].iter().sum()
     }
-}
-
-impl MetricsSnapshot {
     pub fn prefill_tps(&self) -> f64 {
         rate(self.prefill_tokens, self.prefill_seconds)
     }
@@ -135,6 +136,7 @@ impl EngineMetrics {
             .position(|&u| seqs as u64 <= u)
             .unwrap_or(BATCH_BUCKETS.len());
         self.batch_steps[b].fetch_add(1, Ordering::Relaxed);
+        self.batch_seqs.fetch_add(seqs as u64, Ordering::Relaxed);
     }
     pub fn preempted(&self, n: usize) {
         self.preemptions.fetch_add(n as u64, Ordering::Relaxed);
@@ -171,6 +173,7 @@ impl EngineMetrics {
             kv_blocks_used: r(&self.kv_blocks_used),
             kv_blocks_total: r(&self.kv_blocks_total),
             batch_steps: std::array::from_fn(|i| r(&self.batch_steps[i])),
+            batch_seqs: r(&self.batch_seqs),
         }
     }
 }

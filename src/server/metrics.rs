@@ -214,6 +214,7 @@ impl HttpMetrics {
                 .map_or("+Inf".to_string(), |u| u.to_string());
             let _ = writeln!(out, "fucina_batch_size_bucket{{le=\"{le}\"}} {cum}");
         }
+        let _ = writeln!(out, "fucina_batch_size_sum {}", e.batch_seqs);
         let _ = writeln!(out, "fucina_batch_size_count {cum}");
         let _ = writeln!(out, "# HELP fucina_generations_finished_total Generations finished (cancelled included).\n# TYPE fucina_generations_finished_total counter\nfucina_generations_finished_total {}", e.requests_finished);
         let _ = writeln!(out, "# HELP fucina_generations_cancelled_total Generations cancelled by a client going away.\n# TYPE fucina_generations_cancelled_total counter\nfucina_generations_cancelled_total {}", e.requests_cancelled);
