@@ -116,8 +116,7 @@ fn a_sequence_in_a_batch_computes_what_it_computes_alone() {
             continue;
         };
         let json: Value = serde_json::from_str(&text).unwrap();
-        if json["kind"].as_str().unwrap_or("causal_lm") != "causal_lm" || !dir.join("hf").exists()
-        {
+        if json["kind"].as_str().unwrap_or("causal_lm") != "causal_lm" || !dir.join("hf").exists() {
             continue;
         }
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
@@ -141,7 +140,14 @@ fn a_sequence_in_a_batch_computes_what_it_computes_alone() {
         }
         checked.push(name);
     }
-    for must in ["qwen3", "qwen3moe", "qwen35", "gemma3", "gemma4", "gemma4_e4b"] {
+    for must in [
+        "qwen3",
+        "qwen3moe",
+        "qwen35",
+        "gemma3",
+        "gemma4",
+        "gemma4_e4b",
+    ] {
         assert!(
             checked.iter().any(|c| c == must),
             "{must} was not checked: {checked:?}"
@@ -157,14 +163,25 @@ fn a_bad_sequence_fails_alone() {
     let mut a = model.clone().new_session();
     let mut b = model.clone().new_session();
     let mut c = model.clone().new_session();
-    let want = model.clone().new_session().forward(&[1, 2, 3], false).unwrap();
+    let want = model
+        .clone()
+        .new_session()
+        .forward(&[1, 2, 3], false)
+        .unwrap();
     let mut refs: Vec<&mut dyn Session> = vec![&mut *a, &mut *b, &mut *c];
     let r = model.forward_batch(&mut refs, &[&[1, 2, 3], &[vocab], &[]]);
     assert_eq!(r[0].as_ref().unwrap().data, want.data);
-    assert!(r[1].as_ref().unwrap_err().to_string().contains("outside the vocabulary"));
+    assert!(r[1]
+        .as_ref()
+        .unwrap_err()
+        .to_string()
+        .contains("outside the vocabulary"));
     assert!(r[2].is_err());
     assert_eq!((a.len(), b.len(), c.len()), (3, 0, 0));
     // a token list per session
     let mut refs: Vec<&mut dyn Session> = vec![&mut *b, &mut *c];
-    assert!(model.forward_batch(&mut refs, &[&[1]]).iter().all(|r| r.is_err()));
+    assert!(model
+        .forward_batch(&mut refs, &[&[1]])
+        .iter()
+        .all(|r| r.is_err()));
 }

@@ -86,7 +86,11 @@ fn run_all(e: &EngineHandle, reqs: Vec<GenerateRequest>) -> Vec<Result<Vec<u32>,
 
 fn prompts(n: usize) -> Vec<Vec<u32>> {
     (0..n)
-        .map(|i| (0..3 + 2 * i).map(|j| ((i * 37 + j * 11) % 250) as u32 + 1).collect())
+        .map(|i| {
+            (0..3 + 2 * i)
+                .map(|j| ((i * 37 + j * 11) % 250) as u32 + 1)
+                .collect()
+        })
         .collect()
 }
 
@@ -97,7 +101,9 @@ fn concurrent_requests_share_steps_and_keep_their_tokens() {
     let ps = prompts(10);
     let got = run_all(
         &e,
-        ps.iter().map(|p| request(p.clone(), 40, greedy())).collect(),
+        ps.iter()
+            .map(|p| request(p.clone(), 40, greedy()))
+            .collect(),
     );
     for (p, g) in ps.iter().zip(got) {
         assert_eq!(g.unwrap(), direct(&lm, p, 40), "prompt {p:?}");
@@ -152,7 +158,9 @@ fn a_tiny_pool_preempts_and_recomputes_without_changing_a_token() {
         .collect();
     let got = run_all(
         &e,
-        ps.iter().map(|p| request(p.clone(), 30, greedy())).collect(),
+        ps.iter()
+            .map(|p| request(p.clone(), 30, greedy()))
+            .collect(),
     );
     for (p, g) in ps.iter().zip(got) {
         assert_eq!(g.unwrap(), direct(&lm, p, 30), "prompt {p:?}");
@@ -178,11 +186,17 @@ fn a_request_the_pool_cannot_hold_fails_alone() {
         &e,
         vec![request(long, 4, greedy()), request(ok.clone(), 8, greedy())],
     );
-    assert!(got[0].as_ref().unwrap_err().contains("KV blocks"), "{got:?}");
+    assert!(
+        got[0].as_ref().unwrap_err().contains("KV blocks"),
+        "{got:?}"
+    );
     assert_eq!(got[1].as_ref().unwrap(), &direct(&lm, &ok, 8));
     // a sequence that outgrows the pool while decoding alone ends with an error too
     let grows = run_all(&e, vec![request(vec![1, 2, 3], 60, greedy())]);
-    assert!(grows[0].as_ref().unwrap_err().contains("KV cache cannot hold"));
+    assert!(grows[0]
+        .as_ref()
+        .unwrap_err()
+        .contains("KV cache cannot hold"));
 }
 
 #[test]

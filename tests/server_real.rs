@@ -271,16 +271,25 @@ async fn concurrent_clients_decode_together_with_their_own_tokens() {
     )
     .await;
     let prompts: Vec<Vec<u32>> = (0..10)
-        .map(|i| format!("client {i} says {}", "hi ".repeat(i)).bytes().map(u32::from).collect())
+        .map(|i| {
+            format!("client {i} says {}", "hi ".repeat(i))
+                .bytes()
+                .map(u32::from)
+                .collect()
+        })
         .collect();
     let reqs = prompts.iter().map(|p| {
-        let body = json!({"prompt": p, "max_tokens": 48, "return_token_ids": true, "temperature": 0});
+        let body =
+            json!({"prompt": p, "max_tokens": 48, "return_token_ids": true, "temperature": 0});
         async move { post(addr, "/v1/completions", &body).await }
     });
     let replies = futures::future::join_all(reqs).await;
     for (p, r) in prompts.iter().zip(&replies) {
         assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(ids_of(&r.json(), "token_ids"), direct_greedy(&lm, p, 48, &[]));
+        assert_eq!(
+            ids_of(&r.json(), "token_ids"),
+            direct_greedy(&lm, p, 48, &[])
+        );
     }
     let m = common::http::get(addr, "/metrics").await.text();
     let bucket = |le: &str| -> u64 {
@@ -301,5 +310,8 @@ async fn concurrent_clients_decode_together_with_their_own_tokens() {
         .find_map(|l| l.strip_prefix("fucina_batch_size_sum "))
         .and_then(|v| v.trim().parse().ok())
         .expect("fucina_batch_size_sum");
-    assert!(sum > bucket("+Inf") && sum <= 8 * bucket("+Inf"), "sum {sum}");
+    assert!(
+        sum > bucket("+Inf") && sum <= 8 * bucket("+Inf"),
+        "sum {sum}"
+    );
 }

@@ -420,7 +420,11 @@ pub fn batched(
             refs.push(&mut **s);
         }
         let toks: Vec<&[u32]> = prompts[lo..hi].iter().map(|p| p.as_slice()).collect();
-        for (i, l) in model.forward_batch(&mut refs, &toks).into_iter().enumerate() {
+        for (i, l) in model
+            .forward_batch(&mut refs, &toks)
+            .into_iter()
+            .enumerate()
+        {
             next[lo + i] = argmax(&l?);
         }
     }
@@ -433,7 +437,11 @@ pub fn batched(
         }
         let feed: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
         let toks: Vec<&[u32]> = feed.iter().map(|t| t.as_slice()).collect();
-        for (i, l) in model.forward_batch(&mut refs, &toks).into_iter().enumerate() {
+        for (i, l) in model
+            .forward_batch(&mut refs, &toks)
+            .into_iter()
+            .enumerate()
+        {
             next[i] = argmax(&l?);
         }
     }

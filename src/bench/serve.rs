@@ -64,7 +64,10 @@ fn one(url: &str, key: Option<&str>, prompt: &[u32], max_tokens: usize) -> Resul
     let status = resp.status().as_u16();
     if status != 200 {
         let text = resp.body_mut().read_to_string().unwrap_or_default();
-        bail!("HTTP {status}: {}", text.chars().take(200).collect::<String>());
+        bail!(
+            "HTTP {status}: {}",
+            text.chars().take(200).collect::<String>()
+        );
     }
     let reader = BufReader::new(resp.body_mut().as_reader());
     let (mut ttft, mut last, mut gaps, mut tokens) = (None, t0, Vec::new(), 0);

@@ -330,7 +330,11 @@ mod tests {
         // a fully cached prompt still runs its last token (its logits are needed)
         p.add_cached(2, 4, 9).unwrap();
         let s = p.schedule();
-        let runs: Vec<_> = s.runs.iter().map(|r| (r.id, r.start, r.n, r.logits)).collect();
+        let runs: Vec<_> = s
+            .runs
+            .iter()
+            .map(|r| (r.id, r.start, r.n, r.logits))
+            .collect();
         assert_eq!(runs, vec![(1, 7, 3, true), (2, 3, 1, true)]);
         assert_eq!(p.table(1).unwrap().held(), 3);
         assert_eq!(p.blocks().free, 4);

@@ -199,7 +199,10 @@ impl Gen {
                     text,
                     logprobs: lp,
                 });
-                return Some(End::Finish(FinishReason::StopString(matched), String::new()));
+                return Some(End::Finish(
+                    FinishReason::StopString(matched),
+                    String::new(),
+                ));
             }
             StopCheck::Continue(text) => {
                 let sent = self.sub.events.send(Event::Token {
@@ -313,7 +316,11 @@ impl Worker {
         let mut keep = 0;
         if self.cfg.prefix_reuse {
             if let Some((mut s, hist)) = self.kept.take() {
-                let common = hist.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count();
+                let common = hist
+                    .iter()
+                    .zip(&req.prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count();
                 let k = common.min(req.prompt.len().saturating_sub(1));
                 if k > 0 && s.rewind(k).is_ok() {
                     keep = k;
@@ -371,7 +378,8 @@ impl Worker {
         self.metrics.sequences(r, w);
         let stats = self.planner.blocks();
         let bs = self.cfg.block_size.max(1);
-        self.metrics.kv_blocks(stats.total - stats.free, stats.total);
+        self.metrics
+            .kv_blocks(stats.total - stats.free, stats.total);
         self.metrics
             .kv((stats.total - stats.free) * bs, stats.total * bs);
     }

@@ -216,7 +216,9 @@ fn column_shuffles() {
     let c = b.concat_cols(&[&s, &x]).unwrap();
     assert_eq!(c.cols, 9);
     assert_eq!(c.row(1), &[7.0, 8.0, 9.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]);
-    let r = b.concat_rows(&[&x, &b.slice_rows(&x, 0, 1).unwrap()]).unwrap();
+    let r = b
+        .concat_rows(&[&x, &b.slice_rows(&x, 0, 1).unwrap()])
+        .unwrap();
     assert_eq!((r.rows, r.cols), (3, 6));
     assert_eq!(r.row(2), x.row(0));
     assert!(b.concat_rows(&[&x, &s]).is_err());

@@ -107,9 +107,9 @@ impl<'w, B: Backend> Residual<'w, B> {
                 let [q, k, v]: [B::Tensor; 3] = t
                     .try_into()
                     .map_err(|_| ModelError::Other("q, k and v of a sequence".into()))?;
-                let c = caches.get_mut(j).ok_or_else(|| {
-                    ModelError::Other(format!("no KV cache for sequence {j}"))
-                })?;
+                let c = caches
+                    .get_mut(j)
+                    .ok_or_else(|| ModelError::Other(format!("no KV cache for sequence {j}")))?;
                 a.attend(be, (q, k, v), c, step)
             });
         }

@@ -63,14 +63,7 @@ impl<'s, B: Backend> SeqSteps<'s, B> {
             return f(0, xs, self.step);
         }
         let mut outs = Vec::with_capacity(self.parts.len());
-        for (j, (s, part)) in self
-            .step
-            .plan()
-            .seqs()
-            .iter()
-            .zip(&self.parts)
-            .enumerate()
-        {
+        for (j, (s, part)) in self.step.plan().seqs().iter().zip(&self.parts).enumerate() {
             let rows = xs
                 .iter()
                 .map(|x| bk!(be.slice_rows(x, s.row0, s.rows)))

@@ -287,8 +287,15 @@ impl<D: Decoder> DecoderSession<D> {
     pub fn forward_batch(sessions: &mut [&mut Self], tokens: &[&[u32]]) -> Vec<R<Logits>> {
         let mut out: Vec<Option<R<Logits>>> = (0..sessions.len()).map(|_| None).collect();
         if tokens.len() != sessions.len() {
-            let e = format!("{} token lists for {} sessions", tokens.len(), sessions.len());
-            return out.iter().map(|_| Err(ModelError::Other(e.clone()))).collect();
+            let e = format!(
+                "{} token lists for {} sessions",
+                tokens.len(),
+                sessions.len()
+            );
+            return out
+                .iter()
+                .map(|_| Err(ModelError::Other(e.clone())))
+                .collect();
         }
         // (index, start, end) of each session that runs
         let mut ok = Vec::new();

@@ -22,10 +22,10 @@ use std::sync::Arc;
 use crate::model::common::prefill_chunk;
 
 use super::layers::{GemmaWeights, Layer};
+use super::session::GemmaState;
 use super::spec::{GemmaSpec, NormForm};
 use super::weights::me;
 use crate::backend::{Activation, AttnParams, AttnPrep, Backend, Norm, PostNorm, StepOf};
-use super::session::GemmaState;
 use crate::model::common::seqs::SeqSteps;
 use crate::model::{Logits, ModelError, ModelInfo};
 
@@ -233,7 +233,9 @@ impl<B: Backend> GemmaModel<B> {
         let a = seqs.each(be, xs, |j, t, step| {
             let st = &mut *states[j];
             let mut t = t.into_iter();
-            let q = t.next().ok_or_else(|| ModelError::Other("no q rows".into()))?;
+            let q = t
+                .next()
+                .ok_or_else(|| ModelError::Other("no q rows".into()))?;
             let k = if has_k { t.next() } else { None };
             let v = if has_v { t.next() } else { None };
             let q = if ls.kv_source.is_none() {

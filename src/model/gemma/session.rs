@@ -13,8 +13,8 @@ use std::sync::Arc;
 use super::decoder::GemmaModel;
 use super::weights::me;
 use crate::backend::{Backend, KvShape, LogitRows, StepOf};
-use crate::model::common::session::{Decoder, DecoderSession, StepOutput};
 use crate::model::common::seqs::SeqSteps;
+use crate::model::common::session::{Decoder, DecoderSession, StepOutput};
 use crate::model::{CausalLm, Logits, ModelError, ModelInfo, Session};
 
 type R<T> = Result<T, ModelError>;

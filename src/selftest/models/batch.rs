@@ -57,7 +57,11 @@ fn step(
         .collect()
 }
 
-fn check_case(gpu: &Arc<dyn CausalLm>, cpu: &Arc<dyn CausalLm>, prompt: &[u32]) -> Result<PeakErr, String> {
+fn check_case(
+    gpu: &Arc<dyn CausalLm>,
+    cpu: &Arc<dyn CausalLm>,
+    prompt: &[u32],
+) -> Result<PeakErr, String> {
     let mut rev = prompt[..prompt.len() / 2].to_vec();
     rev.reverse();
     let prompts = [prompt.to_vec(), rev, prompt[1..].to_vec()];

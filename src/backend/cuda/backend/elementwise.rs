@@ -305,7 +305,10 @@ impl CudaBackend {
         };
         let cols = first.cols;
         if let Some(p) = parts.iter().find(|p| p.cols != cols) {
-            return Err(shape("concat_rows", format!("{} columns vs {cols}", p.cols)));
+            return Err(shape(
+                "concat_rows",
+                format!("{} columns vs {cols}", p.cols),
+            ));
         }
         let rows: usize = parts.iter().map(|p| p.rows).sum();
         let y = self.alloc_tensor(rows, cols)?;
@@ -313,7 +316,11 @@ impl CudaBackend {
         for p in parts {
             let n = p.rows * cols;
             if n > 0 {
-                copy(self.pool.stream(), sub(y.ptr(), off, n)?, sub(p.ptr(), 0, n)?)?;
+                copy(
+                    self.pool.stream(),
+                    sub(y.ptr(), off, n)?,
+                    sub(p.ptr(), 0, n)?,
+                )?;
             }
             off += n;
         }
