@@ -3,29 +3,21 @@
 //! every golden architecture (attention, sliding-window rings, KV sharing, MoE, Gated DeltaNet).
 //! Every op of a step either works row by row or runs per sequence, so the equality is bitwise.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fucina::backend::cpu::CpuBackend;
-use fucina::model::registry::{load_model, LoadOptions};
 use fucina::model::{CausalLm, Session};
-use fucina::weights::Checkpoint;
 use serde_json::Value;
 
 const DECODE: usize = 4;
 
 fn load(dir: &Path) -> Arc<dyn CausalLm> {
-    let path = dir.join("hf");
-    let ckpt = Checkpoint::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    load_model(
-        &ckpt,
-        Arc::new(CpuBackend::new()),
-        &LoadOptions {
-            max_context: 256,
-            ..Default::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    let rel = dir
+        .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+        .expect("under the tree");
+    common::cpu_model(&rel.join("hf").to_string_lossy())
 }
 
 fn argmax(x: &[f32]) -> u32 {

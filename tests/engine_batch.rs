@@ -5,28 +5,24 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 
-use fucina::backend::cpu::CpuBackend;
 use fucina::engine::scheduler::{self, SchedulerConfig};
 use fucina::engine::{EngineHandle, Event, GenerateRequest, SamplingParams, StopParams};
-use fucina::model::registry::{load_model, LoadOptions};
 use fucina::model::CausalLm;
 use fucina::sampling::argmax;
-use fucina::weights::Checkpoint;
 
 fn tiny_qwen3() -> Arc<dyn CausalLm> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/models/qwen3/model.gguf");
-    load_model(
-        &Checkpoint::open(&p).unwrap(),
-        Arc::new(CpuBackend::new()),
-        &LoadOptions {
-            max_context: 256,
-            ..Default::default()
-        },
-    )
-    .unwrap()
+    common::cpu_model("golden/models/qwen3/model.gguf")
+}
+
+/// 12 KV blocks of 4 positions.
+fn tiny_pool() -> SchedulerConfig {
+    SchedulerConfig {
+        kv_blocks: Some(12),
+        block_size: 4,
+        ..SchedulerConfig::default()
+    }
 }
 
 fn engine(lm: Arc<dyn CausalLm>, cfg: SchedulerConfig) -> EngineHandle {
@@ -146,13 +142,8 @@ fn seeded_sampling_does_not_depend_on_the_batch() {
 #[test]
 fn a_tiny_pool_preempts_and_recomputes_without_changing_a_token() {
     let lm = tiny_qwen3();
-    // 12 blocks of 4 positions; each request needs up to 8 + 30 = 38 positions (10 blocks)
-    let cfg = SchedulerConfig {
-        kv_blocks: Some(12),
-        block_size: 4,
-        ..SchedulerConfig::default()
-    };
-    let e = engine(lm.clone(), cfg);
+    // each request needs up to 8 + 30 = 38 positions (10 of the 12 blocks)
+    let e = engine(lm.clone(), tiny_pool());
     let ps: Vec<Vec<u32>> = (0..4)
         .map(|i| (0..8).map(|j| (i * 50 + j * 7) as u32 % 250 + 1).collect())
         .collect();
@@ -174,12 +165,7 @@ fn a_tiny_pool_preempts_and_recomputes_without_changing_a_token() {
 #[test]
 fn a_request_the_pool_cannot_hold_fails_alone() {
     let lm = tiny_qwen3();
-    let cfg = SchedulerConfig {
-        kv_blocks: Some(12),
-        block_size: 4,
-        ..SchedulerConfig::default()
-    };
-    let e = engine(lm.clone(), cfg);
+    let e = engine(lm.clone(), tiny_pool());
     let long: Vec<u32> = (0..60).map(|i| i % 250 + 1).collect();
     let ok = vec![5u32, 6, 7];
     let got = run_all(

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use common::http::{post, start_with};
 use fucina::backend::cpu::CpuBackend;
 use fucina::chat::{source::TemplateFiles, ChatFormat, ChatRequest, Dialect};
-use fucina::model::registry::{load_model, LoadOptions};
+use fucina::model::registry::LoadOptions;
 use fucina::model::CausalLm;
 use fucina::sampling::argmax;
 use fucina::server::ServerConfig;
@@ -54,16 +54,7 @@ fn ids_of(v: &Value, key: &str) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_qwen3_through_the_server_matches_the_direct_greedy_loop() {
-    let ckpt = Checkpoint::open(&root().join("golden/models/qwen3/model.gguf")).unwrap();
-    let lm = load_model(
-        &ckpt,
-        Arc::new(CpuBackend::new()),
-        &LoadOptions {
-            max_context: 256,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let lm = common::cpu_model("golden/models/qwen3/model.gguf");
     let a: Vec<u32> = "The quick brown fox".bytes().map(u32::from).collect();
     let mut b = a.clone();
     b.extend(" jumps over".bytes().map(u32::from));
@@ -247,16 +238,7 @@ async fn gemma3_270m_chat_through_the_server_and_the_sdks() {
 /// /metrics shows steps that ran several sequences.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_clients_decode_together_with_their_own_tokens() {
-    let ckpt = Checkpoint::open(&root().join("golden/models/qwen3/model.gguf")).unwrap();
-    let lm = load_model(
-        &ckpt,
-        Arc::new(CpuBackend::new()),
-        &LoadOptions {
-            max_context: 256,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let lm = common::cpu_model("golden/models/qwen3/model.gguf");
     let cfg = ServerConfig {
         max_concurrent: 8,
         max_queue: 2,

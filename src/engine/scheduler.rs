@@ -138,14 +138,11 @@ enum End {
 }
 
 impl Gen {
-    /// Ids banned now (EOS and stop ids while fewer than `min_tokens` were generated).
-    fn banned(&self) -> &[u32] {
+    /// Whether EOS and the stop ids are banned now (`ignore_eos`, or fewer than `min_tokens`
+    /// generated); then `eos` is the ban list.
+    fn bans(&self) -> bool {
         let s = &self.sub.request.stop;
-        if s.ignore_eos || self.usage.completion_tokens < s.min_tokens {
-            &self.eos
-        } else {
-            &[]
-        }
+        s.ignore_eos || self.usage.completion_tokens < s.min_tokens
     }
 
     /// A forced token (the end of a thinking budget) is next.
@@ -162,11 +159,11 @@ impl Gen {
             }
             return Ok((id, None));
         }
-        let banned = self.banned().to_vec();
+        let banned: &[u32] = if self.bans() { &self.eos } else { &[] };
         match self.on_session.as_deref_mut() {
-            Some(s) => Ok((s.sample_host(row, &banned)?, None)),
+            Some(s) => Ok((s.sample_host(row, banned)?, None)),
             None => {
-                let (id, lp) = self.host.sample(row, &banned, self.sub.request.logprobs);
+                let (id, lp) = self.host.sample(row, banned, self.sub.request.logprobs);
                 self.host.accept(id);
                 Ok((id, lp))
             }
@@ -490,11 +487,11 @@ impl Worker {
             // one sequence wants a token: sample where the logits are
             let r = runs[0];
             let g = self.gens.get_mut(&r.id).expect("running");
-            let toks = g.toks[r.start..r.start + r.n].to_vec();
-            let banned = g.banned().to_vec();
+            let banned: &[u32] = if g.bans() { &g.eos } else { &[] };
+            let toks = &g.toks[r.start..r.start + r.n];
             let s = g.session.as_mut().expect("session made above");
             let sampler = g.on_session.as_deref_mut().expect("checked");
-            match s.forward_sample(&toks, sampler, &banned) {
+            match s.forward_sample(toks, sampler, banned) {
                 Ok(id) => {
                     picked.insert(r.id, (id, None, false));
                 }

@@ -247,3 +247,20 @@ impl Session for ScriptedSession {
         Ok(())
     }
 }
+
+/// A checkpoint under the source tree (`golden/models/qwen3/model.gguf`, say) on the CPU
+/// backend with a context of 256.
+pub fn cpu_model(rel: &str) -> Arc<dyn CausalLm> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    let ckpt =
+        fucina::weights::Checkpoint::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    fucina::model::registry::load_model(
+        &ckpt,
+        Arc::new(fucina::backend::cpu::CpuBackend::new()),
+        &fucina::model::registry::LoadOptions {
+            max_context: 256,
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}

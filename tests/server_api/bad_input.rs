@@ -175,9 +175,7 @@ async fn overload_gets_503_and_vanished_client_frees_its_slot() {
         ..Default::default()
     };
     let (addr, state) = start(cfg, 1 << 20, Duration::from_millis(2)).await;
-    let mut forever = chat("FOREVER");
-    forever["stream"] = json!(true);
-    forever["max_tokens"] = json!(100000);
+    let forever = endless_stream();
     // Hold the only slot with an endless stream.
     let mut sock = open_partial(addr, "/v1/chat/completions", &forever, 200).await;
     let r = post(addr, "/v1/chat/completions", &chat("hi")).await;
@@ -207,9 +205,7 @@ async fn requests_beyond_the_running_limit_wait_up_to_max_queue() {
         ..Default::default()
     };
     let (addr, state) = start(cfg, 1 << 20, Duration::from_millis(2)).await;
-    let mut forever = chat("FOREVER");
-    forever["stream"] = json!(true);
-    forever["max_tokens"] = json!(100000);
+    let forever = endless_stream();
     // the one running sequence: an endless stream
     let mut sock = open_partial(addr, "/v1/chat/completions", &forever, 200).await;
     // the next request waits in the engine's queue
@@ -237,4 +233,12 @@ async fn requests_beyond_the_running_limit_wait_up_to_max_queue() {
         .unwrap();
     assert_eq!(q.status, 200, "{}", q.text());
     still_serving(addr).await;
+}
+
+/// A streamed chat the scripted model never ends.
+fn endless_stream() -> serde_json::Value {
+    let mut forever = chat("FOREVER");
+    forever["stream"] = json!(true);
+    forever["max_tokens"] = json!(100000);
+    forever
 }

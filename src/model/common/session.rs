@@ -317,14 +317,14 @@ impl<D: Decoder> DecoderSession<D> {
             [] => {}
             &[(i, _, _)] => out[i] = Some(Session::forward(&mut *sessions[i], tokens[i], false)),
             _ => {
-                let r = Self::pass_many(sessions, tokens, &ok);
+                let mut r = Self::pass_many(sessions, tokens, &ok);
                 for &(i, start, end) in &ok {
                     let s = &mut *sessions[i];
-                    out[i] = Some(match &r {
+                    out[i] = Some(match &mut r {
                         Ok(rows) => {
                             s.len = end;
                             s.hidden = None;
-                            Ok(rows[i].clone().expect("a row per session that ran"))
+                            Ok(rows[i].take().expect("a row per session that ran"))
                         }
                         Err(e) => {
                             s.fail(start, end);
