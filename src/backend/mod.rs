@@ -404,6 +404,14 @@ pub trait Runtime: Send + Sync + 'static {
     // ---- attention ----
     fn kv_cache(&self, shape: KvShape) -> Result<Self::KvCache>;
 
+    /// The caches of one new sequence, one per shape (its attention layers' in order), where the
+    /// backend may lay them out beside other sequences' (the CUDA backend's KV arena, in which a
+    /// step of several sequences runs a layer's cache write and attention in one launch each).
+    /// Default: [`Self::kv_cache`] of each.
+    fn kv_caches(&self, shapes: &[KvShape]) -> Result<Vec<Self::KvCache>> {
+        shapes.iter().map(|s| self.kv_cache(*s)).collect()
+    }
+
     /// Copy the first `n` positions of `src` into `dst` (KV sharing / rewinds).
     fn kv_truncate(&self, cache: &mut Self::KvCache, len: usize) -> Result<()>;
 }
@@ -666,6 +674,35 @@ pub trait Fused: Ops {
         p: &AttnPrep<'_, Self::Tensor>,
     ) -> Result<Self::Tensor> {
         attn_prep_composed(self, q, k, v, cache, step, p)
+    }
+
+    /// [`Fused::attn_prep`] over a step of several sequences, each sequence's rows written to
+    /// its own cache (`caches[j]`: the step's sequence j's), as one op where the backend has it:
+    /// the rotated q of every row. None where it does not (the caller runs `attn_prep` per
+    /// sequence). Default: None.
+    fn attn_prep_seqs(
+        &self,
+        _q: &Self::Tensor,
+        _k: &Self::Tensor,
+        _v: &Self::Tensor,
+        _caches: &mut [&mut Self::KvCache],
+        _step: &StepOf<Self>,
+        _p: &AttnPrep<'_, Self::Tensor>,
+    ) -> Result<Option<Self::Tensor>> {
+        Ok(None)
+    }
+
+    /// [`Ops::attention`] over a step of several sequences, each row of `q` over its own
+    /// sequence's cache (`caches[j]`: the step's sequence j's), as one op where the backend has
+    /// it. None where it does not (the caller runs `attention` per sequence). Default: None.
+    fn attention_seqs(
+        &self,
+        _q: &Self::Tensor,
+        _caches: &[&Self::KvCache],
+        _step: &StepOf<Self>,
+        _p: &AttnParams,
+    ) -> Result<Option<Self::Tensor>> {
+        Ok(None)
     }
 
     /// One decode row's fused q|k|v projection (`w`: the q, k and v weights stacked by rows)

@@ -65,6 +65,9 @@ pub fn run(
     log: &mut dyn FnMut(&str),
 ) -> Result<super::measure::Report> {
     let be = Arc::new(crate::backend::cuda::CudaBackend::new(ordinal, kv_type)?);
+    // the batched decode's sequences side by side in a KV arena (one launch per layer's
+    // attention for all of them)
+    be.reserve_kv_slots(plan.batch.iter().copied().max().unwrap_or(0));
     let probe = CudaProbe {
         dev: be.dev.clone(),
         pool: be.pool.clone(),

@@ -234,6 +234,9 @@ fn load_cuda(
         tracing::info!(
             "KV caches of {n} sequences at the full context fit (--ctx lower: more at once)"
         );
+        // the running sequences (and the kept one) side by side in a KV arena: a step's
+        // sequences write K/V and attend in one launch per layer
+        be.reserve_kv_slots(n.min(a.max_concurrent.saturating_add(1)));
     }
     Ok((model, sessions))
 }

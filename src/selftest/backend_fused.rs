@@ -18,6 +18,7 @@
 //!   one-warp-per-group rms_norm, both adding squares in the block kernel's order).
 
 use crate::backend::cuda::ops::attention::kv::{kv_layout, kv_quant};
+use crate::backend::cuda::ops::attention::launch::CacheContents;
 use crate::backend::cuda::{CudaBackend, GpuKvCache, GpuTensor, KvType};
 use crate::backend::{
     attn_prep_composed, step_at, Activation, AttnPrep, KvShape, Norm, PostNorm, Rope,
@@ -464,27 +465,19 @@ pub(in crate::selftest) fn prep_of<'a>(
 }
 
 /// The cache bytes of `c` (K then V).
-/// A cache's K bytes, V bytes, K row scales and V row scales (the scales empty for f16).
-type CacheContents = (Vec<u8>, Vec<u8>, Vec<u16>, Vec<u16>);
-
 /// Every byte of `c`'s K and V caches and, for FP8, its K and V row scales.
-fn cache_bytes(c: &GpuKvCache) -> R<CacheContents> {
-    let layout = kv_layout(&c.shape, c.kv_type);
-    let n = layout.bytes();
-    let (ks, vs) = match &c.scales {
-        Some(s) => {
-            let all = s.read::<u16>(2 * layout.rows())?;
-            (all[..layout.rows()].to_vec(), all[layout.rows()..].to_vec())
-        }
-        None => (Vec::new(), Vec::new()),
-    };
-    Ok((c.k.read::<u8>(n)?, c.v.read::<u8>(n)?, ks, vs))
+fn cache_bytes(gpu: &CudaBackend, c: &GpuKvCache) -> R<CacheContents> {
+    Ok(c.read_back(gpu.pool.stream())?)
 }
 
 /// `vals` followed by every byte of `c`'s K then V cache and its row scales, as f32: one vector
 /// to compare.
-pub(in crate::selftest) fn with_cache(mut vals: Vec<f32>, c: &GpuKvCache) -> R<Vec<f32>> {
-    let (k, v, ks, vs) = cache_bytes(c)?;
+pub(in crate::selftest) fn with_cache(
+    gpu: &CudaBackend,
+    mut vals: Vec<f32>,
+    c: &GpuKvCache,
+) -> R<Vec<f32>> {
+    let (k, v, ks, vs) = cache_bytes(gpu, c)?;
     vals.extend(k.into_iter().map(f32::from));
     vals.extend(v.into_iter().map(f32::from));
     vals.extend(ks.into_iter().chain(vs).map(f32::from));
@@ -535,7 +528,7 @@ pub(in crate::selftest) fn attn_prep_cases(cx: &mut Ctx) {
                 } else {
                     gpu.attn_prep(&gq, &gk, &gv, &mut cache, &step, &p)?
                 };
-                let (kb, vb, ks, vs) = cache_bytes(&cache)?;
+                let (kb, vb, ks, vs) = cache_bytes(gpu, &cache)?;
                 Ok((host(gpu, &out)?, kb, vb, ks, vs))
             };
             let kvn = if kv == KvType::F16 { "f16" } else { "fp8" };

@@ -28,7 +28,7 @@ pub use ops::attention::decode::{
 };
 pub use ops::attention::kv::{GQA_MIN_SPLIT_KEYS, MIN_SPLIT_KEYS};
 pub use ops::attention::launch::{AttnPrefillLaunch, KvLayout, KvScales};
-pub use ops::attention::prep::{AttnPrepBufs, AttnPrepLaunch, ATTN_PREP_MAX_HEAD_DIM};
+pub use ops::attention::prep::{AttnPrepBufs, AttnPrepLaunch, RowPages, ATTN_PREP_MAX_HEAD_DIM};
 pub use ops::elementwise::add_norm::{norm_add_chunks, NormAddWeights};
 pub use ops::elementwise::launch::{Broadcast, EwiseMode, NormWeightPtr};
 pub use ops::elementwise::rows::{

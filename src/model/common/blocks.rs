@@ -7,6 +7,7 @@ use crate::backend::{
     NormNext, Rope, StepOf,
 };
 use crate::bk;
+use crate::model::common::seqs::SeqSteps;
 use crate::model::ModelError;
 use crate::weights::TensorRef;
 
@@ -335,14 +336,7 @@ impl<B: Backend> AttentionLayer<B> {
         step: &StepOf<B>,
     ) -> R<B::Tensor> {
         let p = &self.params;
-        let hd = p.head_dim;
-        let (q, gate) = if self.gated {
-            let mut parts = bk!(be.split_heads(&qf, p.n_heads, &[hd, hd]))?;
-            let g = parts.pop();
-            (parts.pop().expect("two parts"), g)
-        } else {
-            (qf, None)
-        };
+        let (q, gate) = self.split_gate(be, qf)?;
         let mut a = match self.prep_eps() {
             // q/k norms, RoPE, the cache write and the attention as one op (on the GPU one or
             // two kernels)
@@ -368,6 +362,50 @@ impl<B: Backend> AttentionLayer<B> {
             a = bk!(be.sigmoid_gate(&a, &g))?;
         }
         Ok(a)
+    }
+
+    /// `q_proj`'s rows as (q, output gate): the gate is every head's second half on gated
+    /// layers, else None.
+    fn split_gate(&self, be: &B, qf: B::Tensor) -> R<(B::Tensor, Option<B::Tensor>)> {
+        if !self.gated {
+            return Ok((qf, None));
+        }
+        let hd = self.params.head_dim;
+        let mut parts = bk!(be.split_heads(&qf, self.params.n_heads, &[hd, hd]))?;
+        let g = parts.pop();
+        Ok((parts.pop().expect("two parts"), g))
+    }
+
+    /// [`Self::attend`] for a step of several sequences (`caches[j]`: sequence j's) from the
+    /// q/k/v projections of all its rows: the attention input and the attention over the step
+    /// where the backend runs them so ([`SeqSteps::attn_prep`], [`SeqSteps::attention`]), else
+    /// the layer per sequence.
+    pub fn attend_seqs(
+        &self,
+        be: &B,
+        (qf, k, v): (B::Tensor, B::Tensor, B::Tensor),
+        caches: &mut [&mut B::KvCache],
+        seqs: &SeqSteps<'_, B>,
+    ) -> R<B::Tensor> {
+        let Some(eps) = self.prep_eps() else {
+            return seqs.each(be, vec![qf, k, v], |j, t, step| {
+                let [q, k, v]: [B::Tensor; 3] = t
+                    .try_into()
+                    .map_err(|_| ModelError::Other("q, k and v of a sequence".into()))?;
+                let c = caches
+                    .get_mut(j)
+                    .ok_or_else(|| ModelError::Other(format!("no KV cache for sequence {j}")))?;
+                self.attend(be, (q, k, v), c, step)
+            });
+        };
+        let (q, gate) = self.split_gate(be, qf)?;
+        let q = seqs.attn_prep(be, (&q, &k, &v), caches, &self.prep(eps))?;
+        let refs: Vec<&B::KvCache> = caches.iter().map(|c| &**c).collect();
+        let a = seqs.attention(be, q, &refs, &self.params)?;
+        match gate {
+            Some(g) => bk!(be.sigmoid_gate(&a, &g)),
+            None => Ok(a),
+        }
     }
 }
 

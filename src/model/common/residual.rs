@@ -102,16 +102,7 @@ impl<'w, B: Backend> Residual<'w, B> {
             // several sequences: q, k and v over every row, then each sequence's attention over
             // its own cache
             let x = self.norm(be, norm)?;
-            let (q, k, v) = a.qkv.forward(be, &x)?;
-            return seqs.each(be, vec![q, k, v], |j, t, step| {
-                let [q, k, v]: [B::Tensor; 3] = t
-                    .try_into()
-                    .map_err(|_| ModelError::Other("q, k and v of a sequence".into()))?;
-                let c = caches
-                    .get_mut(j)
-                    .ok_or_else(|| ModelError::Other(format!("no KV cache for sequence {j}")))?;
-                a.attend(be, (q, k, v), c, step)
-            });
+            return a.attend_seqs(be, a.qkv.forward(be, &x)?, caches, seqs);
         }
         let cache = &mut *caches[0];
         // The pending o_proj / down, the add, the norm and q/k/v as one request, unless q/k/v

@@ -8,7 +8,7 @@
 //! A step of one sequence has no parts: the decoders take their one-sequence path (fused ops,
 //! recorded CUDA graphs), unchanged.
 
-use crate::backend::{Backend, LogitRows, StepOf, StepPlan};
+use crate::backend::{AttnParams, AttnPrep, Backend, LogitRows, StepOf, StepPlan};
 use crate::bk;
 use crate::model::ModelError;
 
@@ -17,32 +17,43 @@ type R<T> = Result<T, ModelError>;
 /// A step and, when it holds several sequences, each of them as a step of its own.
 pub struct SeqSteps<'s, B: Backend> {
     pub step: &'s StepOf<B>,
-    /// One step per sequence, in the step's order (empty for one sequence).
-    parts: Vec<StepOf<B>>,
+    /// One step per sequence, in the step's order, made at the first op that runs per sequence
+    /// (on CUDA one small upload per sequence; none where every such op runs over the step).
+    parts: std::cell::OnceCell<Vec<StepOf<B>>>,
 }
 
 impl<'s, B: Backend> SeqSteps<'s, B> {
-    /// The parts of `step` (made here, once per pass: on CUDA one small upload per sequence).
-    pub fn new(be: &B, step: &'s StepOf<B>) -> R<Self> {
-        let plan = step.plan();
-        let mut parts = Vec::new();
-        if plan.seqs().len() > 1 {
-            let ids = bk!(plan.host_ids("step"))?;
-            for s in plan.seqs() {
-                let p = bk!(StepPlan::single(
-                    &ids[s.row0..s.row0 + s.rows],
-                    s.pos0,
-                    LogitRows::All
-                ))?;
-                parts.push(bk!(be.step(p))?);
-            }
-        }
-        Ok(SeqSteps { step, parts })
+    /// The sequences of `step` (their own steps are made when first needed, once per pass).
+    pub fn new(_be: &B, step: &'s StepOf<B>) -> R<Self> {
+        Ok(SeqSteps {
+            step,
+            parts: std::cell::OnceCell::new(),
+        })
     }
 
-    /// Whether the step holds several sequences (then ops with per-sequence state run per part).
+    /// Each sequence as a step of its own.
+    fn parts(&self, be: &B) -> R<&[StepOf<B>]> {
+        if let Some(p) = self.parts.get() {
+            return Ok(p);
+        }
+        let plan = self.step.plan();
+        let ids = bk!(plan.host_ids("step"))?;
+        let mut parts = Vec::with_capacity(plan.seqs().len());
+        for s in plan.seqs() {
+            let p = bk!(StepPlan::single(
+                &ids[s.row0..s.row0 + s.rows],
+                s.pos0,
+                LogitRows::All
+            ))?;
+            parts.push(bk!(be.step(p))?);
+        }
+        Ok(self.parts.get_or_init(|| parts))
+    }
+
+    /// Whether the step holds several sequences (then ops with per-sequence state run per
+    /// sequence, or over the step where the backend addresses every sequence's state at once).
     pub fn many(&self) -> bool {
-        !self.parts.is_empty()
+        self.count() > 1
     }
 
     /// Sequences in the step.
@@ -62,8 +73,20 @@ impl<'s, B: Backend> SeqSteps<'s, B> {
         if !self.many() {
             return f(0, xs, self.step);
         }
-        let mut outs = Vec::with_capacity(self.parts.len());
-        for (j, (s, part)) in self.step.plan().seqs().iter().zip(&self.parts).enumerate() {
+        let refs: Vec<&B::Tensor> = xs.iter().collect();
+        self.each_part(be, &refs, f)
+    }
+
+    /// [`Self::each`] of a step of several sequences, the tensors borrowed.
+    fn each_part(
+        &self,
+        be: &B,
+        xs: &[&B::Tensor],
+        mut f: impl FnMut(usize, Vec<B::Tensor>, &StepOf<B>) -> R<B::Tensor>,
+    ) -> R<B::Tensor> {
+        let parts = self.parts(be)?;
+        let mut outs = Vec::with_capacity(parts.len());
+        for (j, (s, part)) in self.step.plan().seqs().iter().zip(parts).enumerate() {
             let rows = xs
                 .iter()
                 .map(|x| bk!(be.slice_rows(x, s.row0, s.rows)))
@@ -72,6 +95,60 @@ impl<'s, B: Backend> SeqSteps<'s, B> {
         }
         let refs: Vec<&B::Tensor> = outs.iter().collect();
         bk!(be.concat_rows(&refs))
+    }
+
+    /// `n` caches, one per sequence, or an error naming `what`.
+    fn check_caches(&self, n: usize, what: &str) -> R<()> {
+        if n == self.count() {
+            return Ok(());
+        }
+        Err(ModelError::Other(format!(
+            "{n} {what} caches for a step of {} sequences",
+            self.count()
+        )))
+    }
+
+    /// The attention input of every row ([`crate::backend::Fused::attn_prep`]: q/k norms, RoPE,
+    /// K and V into the row's own sequence's cache, `caches[j]` sequence j's): one op over the
+    /// step where the backend has it, else per sequence. Returns the rotated q of every row.
+    pub fn attn_prep(
+        &self,
+        be: &B,
+        (q, k, v): (&B::Tensor, &B::Tensor, &B::Tensor),
+        caches: &mut [&mut B::KvCache],
+        p: &AttnPrep<'_, B::Tensor>,
+    ) -> R<B::Tensor> {
+        self.check_caches(caches.len(), "attn_prep")?;
+        if !self.many() {
+            return bk!(be.attn_prep(q, k, v, &mut *caches[0], self.step, p));
+        }
+        if let Some(q) = bk!(be.attn_prep_seqs(q, k, v, caches, self.step, p))? {
+            return Ok(q);
+        }
+        self.each_part(be, &[q, k, v], |j, t, st| {
+            bk!(be.attn_prep(&t[0], &t[1], &t[2], &mut *caches[j], st, p))
+        })
+    }
+
+    /// Attention of every row of `q` over its own sequence's cache (`caches[j]` sequence j's):
+    /// one op over the step where the backend has it, else per sequence.
+    pub fn attention(
+        &self,
+        be: &B,
+        q: B::Tensor,
+        caches: &[&B::KvCache],
+        p: &AttnParams,
+    ) -> R<B::Tensor> {
+        self.check_caches(caches.len(), "attention")?;
+        if !self.many() {
+            return bk!(be.attention(&q, caches[0], self.step, p));
+        }
+        if let Some(a) = bk!(be.attention_seqs(&q, caches, self.step, p))? {
+            return Ok(a);
+        }
+        self.each(be, vec![q], |j, t, st| {
+            bk!(be.attention(&t[0], caches[j], st, p))
+        })
     }
 
     /// The rows of `x` (one per step row) that reach the LM head for `rows`: all of them, or the

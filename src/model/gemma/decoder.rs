@@ -26,7 +26,7 @@ use super::session::GemmaState;
 use super::spec::{GemmaSpec, NormForm};
 use super::weights::me;
 use crate::backend::{Activation, AttnParams, AttnPrep, Backend, Norm, PostNorm, StepOf};
-use crate::model::common::seqs::SeqSteps;
+use crate::model::common::seqs::{pick_each, SeqSteps};
 use crate::model::{Logits, ModelError, ModelInfo};
 
 /// A residual add still pending: the branch output `y`, the norm it takes before the add (None:
@@ -228,62 +228,76 @@ impl<B: Backend> GemmaModel<B> {
             )));
         }
         let (q, k, v) = self.weights.layers[i].qkv.forward(be, h)?;
-        let (has_k, has_v) = (k.is_some(), v.is_some());
-        let xs: Vec<B::Tensor> = std::iter::once(q).chain(k).chain(v).collect();
-        let a = seqs.each(be, xs, |j, t, step| {
-            let st = &mut *states[j];
-            let mut t = t.into_iter();
-            let q = t
-                .next()
-                .ok_or_else(|| ModelError::Other("no q rows".into()))?;
-            let k = if has_k { t.next() } else { None };
-            let v = if has_v { t.next() } else { None };
-            let q = if ls.kv_source.is_none() {
-                let cache = st.caches[i].as_mut().ok_or_else(|| no_cache(i))?;
-                self.prep_qkv(i, (q, k, v), step, cache)?
-            } else {
-                self.rope_query(i, &q, step)?
-            };
-            let cache = st.caches[src].as_ref().ok_or_else(|| no_cache(src))?;
-            be.attention(&q, cache, step, &self.attn_params(i, ls.n_kv_heads))
-                .map_err(me)
-        })?;
+        let q = if ls.kv_source.is_none() {
+            let mut caches = pick_each(states, |s| s.caches[i].as_mut(), "KV cache")?;
+            self.prep_qkv_seqs(i, (q, k, v), seqs, &mut caches)?
+        } else {
+            // RoPE at each row's own position: the step's rows together
+            self.rope_query(i, &q, seqs.step)?
+        };
+        let caches = states
+            .iter()
+            .map(|s| s.caches[src].as_ref().ok_or_else(|| no_cache(src)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let a = seqs.attention(be, q, &caches, &self.attn_params(i, ls.n_kv_heads))?;
         be.linear(&a, &self.weights.layers[i].o).map_err(me)
     }
 
     /// Own-KV layers: q/k norms, RoPE and the cache write of k and v of the q, k, v projections
-    /// (v-normed where the model says so; V = raw K on K=V layers) as one `attn_prep`. Returns
-    /// the rotated q.
-    fn prep_qkv(
+    /// (v-normed where the model says so; V = raw K on K=V layers), sequence j's into
+    /// `caches[j]`: one `attn_prep` over the step where the backend has it
+    /// ([`SeqSteps::attn_prep`]), else per sequence. Returns the rotated q of every row.
+    fn prep_qkv_seqs(
         &self,
         i: usize,
         (q, k, v): (B::Tensor, Option<B::Tensor>, Option<B::Tensor>),
-        step: &StepOf<B>,
-        cache: &mut B::KvCache,
+        seqs: &SeqSteps<'_, B>,
+        caches: &mut [&mut B::KvCache],
     ) -> Result<B::Tensor, ModelError> {
         let be = &*self.backend;
         let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
-        let (Some(k), Some(kn)) = (k, &w.k_norm) else {
+        let (Some(k), Some(_)) = (k, &w.k_norm) else {
             return Err(ModelError::Other(format!("layer {i} has no K projection")));
         };
         if ls.rope.head_dim != ls.head_dim {
-            // not the shape attn_prep takes: the ops one by one
-            let q = self.rope_query(i, &q, step)?;
-            self.write_kv(i, &k, v.as_ref(), step, cache)?;
+            // not the shape attn_prep takes: the ops one by one, each sequence's K and V into
+            // its own cache
+            let q = self.rope_query(i, &q, seqs.step)?;
+            let mut xs = vec![k];
+            xs.extend(v);
+            seqs.each(be, xs, |j, t, step| {
+                let mut t = t.into_iter();
+                let k = t
+                    .next()
+                    .ok_or_else(|| ModelError::Other("no k rows".into()))?;
+                let v = t.next();
+                let c = caches
+                    .get_mut(j)
+                    .ok_or_else(|| ModelError::Other(format!("no KV cache for sequence {j}")))?;
+                self.write_kv(i, &k, v.as_ref(), step, c)?;
+                // each's output (stacked, then dropped): the rows of k
+                Ok(k)
+            })?;
             return Ok(q);
         }
-        let p = AttnPrep {
+        let p = self.prep_params(i);
+        // K=V layers: V is the raw K projection (before k_norm and RoPE)
+        seqs.attn_prep(be, (&q, &k, v.as_ref().unwrap_or(&k)), caches, &p)
+    }
+
+    /// What `attn_prep` does on own-KV layer `i` (q/k norms, v norm where the model has one,
+    /// the layer's RoPE).
+    fn prep_params(&self, i: usize) -> AttnPrep<'_, B::Tensor> {
+        let (ls, w) = (&self.spec.layers[i], &self.weights.layers[i]);
+        AttnPrep {
             n_heads: self.spec.n_heads,
             n_kv_heads: ls.n_kv_heads,
             q_norm: Some(self.norm(&w.q_norm)),
-            k_norm: Some(self.norm(kn)),
+            k_norm: w.k_norm.as_ref().map(|n| self.norm(n)),
             v_norm: self.spec.v_norm.then_some(Norm::None),
             eps: self.spec.eps,
             rope: &ls.rope,
-        };
-        // K=V layers: V is the raw K projection (before k_norm and RoPE)
-        be.attn_prep(&q, &k, v.as_ref().unwrap_or(&k), cache, step, &p)
-            .map_err(me)
+        }
     }
 
     /// `rope(q_norm(Wq h))` for rows at the step's positions.

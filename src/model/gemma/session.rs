@@ -93,19 +93,28 @@ impl<B: Backend> Decoder for GemmaModel<B> {
 
     fn new_state(&self) -> R<GemmaState<B>> {
         let ring = self.ring();
+        // the own-KV layers' caches in one request (the backend may lay them out beside other
+        // sequences')
+        let shapes: Vec<KvShape> = self
+            .spec
+            .layers
+            .iter()
+            .filter(|l| l.kv_source.is_none())
+            .map(|l| KvShape {
+                n_kv_heads: l.n_kv_heads,
+                head_dim: l.head_dim,
+                capacity: self.spec.max_context,
+                ring: if l.sliding { ring } else { None },
+            })
+            .collect();
+        let mut own = self.backend.kv_caches(&shapes).map_err(me)?.into_iter();
         let mut caches = Vec::with_capacity(self.spec.n_layers());
         for l in &self.spec.layers {
             caches.push(match l.kv_source {
                 Some(_) => None,
                 None => Some(
-                    self.backend
-                        .kv_cache(KvShape {
-                            n_kv_heads: l.n_kv_heads,
-                            head_dim: l.head_dim,
-                            capacity: self.spec.max_context,
-                            ring: if l.sliding { ring } else { None },
-                        })
-                        .map_err(me)?,
+                    own.next()
+                        .ok_or_else(|| ModelError::Other("fewer KV caches than layers".into()))?,
                 ),
             });
         }

@@ -326,14 +326,28 @@ impl<B: Backend> QwenModel<B> {
 
     fn new_states(&self) -> R<Vec<LayerState<B>>> {
         let be = &*self.be;
-        self.layers
+        // the attention layers' caches in one request (the backend may lay them out beside
+        // other sequences')
+        let shapes: Vec<KvShape> = self
+            .layers
             .iter()
-            .map(|l| match &l.mixer {
-                MixerW::Attn(a) => Ok(LayerState::Kv(bk!(be.kv_cache(KvShape::full(
+            .filter_map(|l| match &l.mixer {
+                MixerW::Attn(a) => Some(KvShape::full(
                     a.params.n_kv_heads,
                     a.params.head_dim,
                     self.info.max_context,
-                )))?)),
+                )),
+                MixerW::Gdn(_) => None,
+            })
+            .collect();
+        let mut caches = bk!(be.kv_caches(&shapes))?.into_iter();
+        self.layers
+            .iter()
+            .map(|l| match &l.mixer {
+                MixerW::Attn(_) => caches
+                    .next()
+                    .map(LayerState::Kv)
+                    .ok_or_else(|| ModelError::Other("fewer KV caches than layers".into())),
                 MixerW::Gdn(g) => Ok(LayerState::Gdn(g.new_state(be)?)),
             })
             .collect()

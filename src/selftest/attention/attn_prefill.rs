@@ -177,6 +177,7 @@ impl KernelCheck for AttnPrefillCheck {
                 window: c.window,
             };
             let layout = kv_layout(&shape, kv_type);
+            let (kc, vc, scales) = cache.memory()?;
             let launch = || {
                 dev.attn_prefill(
                     spec,
@@ -184,9 +185,9 @@ impl KernelCheck for AttnPrefillCheck {
                     &layout,
                     DevPtr::of(&dq),
                     DevPtr::of(&dpos),
-                    cache.k.u8(),
-                    cache.v.u8(),
-                    cache.kv_scales(),
+                    kc,
+                    vc,
+                    scales,
                     DevPtr::of(&out),
                 )
             };

@@ -20,7 +20,7 @@
 use crate::backend::cuda::KvScales;
 use crate::backend::cuda::{
     attn_prep_rows_suffix, AttnPrepBufs, AttnPrepLaunch, CudaError, DevPtr, Kern, KvLayout,
-    NormWeightPtr,
+    NormWeightPtr, RowPages,
 };
 use crate::backend::kv_type::fp8_row_scale;
 use crate::kernels::{KernelKey, KernelSpec, Op, Quant};
@@ -385,6 +385,7 @@ impl KernelCheck for AttnPrepCheck {
                 k_cache: DevPtr::of(&kc),
                 v_cache: DevPtr::of(&vc),
                 scales: scales_of(&ks1, &vs1),
+                page0: None,
             };
             let lp = AttnPrepLaunch {
                 rows,
@@ -440,6 +441,44 @@ impl KernelCheck for AttnPrepCheck {
                 .merge(Comparison::identical(&bytes(&rv), &bytes(&mv)))
                 .merge(Comparison::identical(&halves(&rks), &halves(&mks)))
                 .merge(Comparison::identical(&halves(&rvs), &halves(&mvs)));
+            // every row one cache further (`page0`: the rows of a sequence in the second slot
+            // of a two-slot arena), by both entries: the second half holds the main entry's
+            // bytes above, the first stays zero
+            let zeros2 = vec![0u8; 2 * layout.bytes()];
+            let (kc3, vc3) = (dev.upload(&zeros2)?, dev.upload(&zeros2)?);
+            let zs2 = vec![0u16; 2 * layout.rows()];
+            let (ks3, vs3) = (dev.upload(&zs2)?, dev.upload(&zs2)?);
+            let dpage0 = dev.upload(&vec![layout.ring_pages as i32; rows])?;
+            let dout3 = dev.filled_f32(rows * qw, f32::NAN)?;
+            let bufs3 = AttnPrepBufs {
+                q_out: DevPtr::of(&dout3),
+                k_cache: DevPtr::of(&kc3),
+                v_cache: DevPtr::of(&vc3),
+                scales: scales_of(&ks3, &vs3),
+                page0: Some(RowPages {
+                    pages: DevPtr::of(&dpage0),
+                    max: layout.ring_pages,
+                }),
+                ..bufs
+            };
+            // both entries, the same bytes to the same places: one that ignored page0 would
+            // write the first slot
+            dev.attn_prep_ptr(&kern, &lp, &layout, &bufs3)?;
+            dev.attn_prep_rows_ptr(&entry, &lp, &layout, &bufs3)?;
+            let (sk, sv) = (dev.download(&kc3)?, dev.download(&vc3)?);
+            let (sks, svs) = (dev.download(&ks3)?, dev.download(&vs3)?);
+            let (nb, nr) = (layout.bytes(), layout.rows());
+            let slot2 = |all: &[u8]| [bytes(&all[..nb]), bytes(&all[nb..])];
+            let [k_lo, k_hi] = slot2(&sk);
+            let [v_lo, v_hi] = slot2(&sv);
+            cmp = cmp
+                .merge(Comparison::identical(&dev.download(&dout3)?, &mq))
+                .merge(Comparison::identical(&k_hi, &bytes(&mk)))
+                .merge(Comparison::identical(&v_hi, &bytes(&mv)))
+                .merge(Comparison::identical(&k_lo, &bytes(&zeros)))
+                .merge(Comparison::identical(&v_lo, &bytes(&zeros)))
+                .merge(Comparison::identical(&halves(&sks[nr..]), &halves(&mks)))
+                .merge(Comparison::identical(&halves(&svs[nr..]), &halves(&mvs)));
             if prefill {
                 micros = time_us(dev, cx.iters, launch_rows)?;
             }

@@ -114,7 +114,11 @@ fn prep_then_attend(
 }
 
 /// Overwrite position `pos`'s K and V rows (every KV head) with NaN of the cache type.
-fn poison_row(cache: &crate::backend::cuda::GpuKvCache, pos: usize) -> R<()> {
+fn poison_row(
+    stream: &cudarc::driver::CudaStream,
+    cache: &crate::backend::cuda::GpuKvCache,
+    pos: usize,
+) -> R<()> {
     let lay = kv_layout(&cache.shape, cache.kv_type);
     let eb = lay.elem_bytes;
     let nan: &[u8] = if cache.kv_type == KvType::F16 {
@@ -122,16 +126,16 @@ fn poison_row(cache: &crate::backend::cuda::GpuKvCache, pos: usize) -> R<()> {
     } else {
         &[0x7f]
     };
-    for buf in [&cache.k, &cache.v] {
-        let mut b = buf.read::<u8>(lay.bytes())?;
+    let (mut k, mut v, _, _) = cache.read_back(stream)?;
+    for b in [&mut k, &mut v] {
         for h in 0..lay.hkv {
             let o = lay.elem_offset(pos, h) * eb;
             for (i, x) in b[o..o + lay.head_dim * eb].iter_mut().enumerate() {
                 *x = nan[i % eb];
             }
         }
-        buf.write(&b)?;
     }
+    cache.write_back(stream, &k, &v)?;
     Ok(())
 }
 
@@ -207,10 +211,10 @@ fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
         dq.buf.write(&q)?;
         dk.buf.write(&k)?;
         dv.buf.write(&v)?;
-        poison_row(&rec_cache, c.pos0)?;
+        poison_row(gpu.pool.stream(), &rec_cache, c.pos0)?;
         gpu.replay(&rec, &step)?;
-        got.extend(with_cache(host(&gpu, &out)?, &rec_cache)?);
-        poison_row(&direct_cache, c.pos0)?;
+        got.extend(with_cache(&gpu, host(&gpu, &out)?, &rec_cache)?);
+        poison_row(gpu.pool.stream(), &direct_cache, c.pos0)?;
         let o = prep_then_attend(
             &gpu,
             &dq,
@@ -221,7 +225,7 @@ fn recorded_case(cx: &mut Ctx, c: &Case, kv: KvType) -> R<Pair> {
             &prep,
             &params,
         )?;
-        want.extend(with_cache(host(&gpu, &o)?, &direct_cache)?);
+        want.extend(with_cache(&gpu, host(&gpu, &o)?, &direct_cache)?);
     }
     Ok((got, want))
 }

@@ -18,7 +18,10 @@ pub(in crate::selftest) fn kv_recycle_cases(cx: &mut Ctx) {
         let r = (|| -> R<Pair> {
             let gpu = crate::backend::cuda::CudaBackend::with_device(cx.gpu.dev.clone(), kv)?;
             let shape = KvShape::full(hkv, hd, cap);
-            let raw = |c: &GpuKvCache| [c.k.ptr::<u8>().raw(), c.v.ptr::<u8>().raw()];
+            let raw = |c: &GpuKvCache| -> R<[u64; 2]> {
+                let (k, v, _) = c.memory()?;
+                Ok([k.raw(), v.raw()])
+            };
             // a cache with every position written, then dropped
             let mut first = gpu.kv_cache(shape)?;
             let w = cap * hkv * hd;
@@ -27,20 +30,19 @@ pub(in crate::selftest) fn kv_recycle_cases(cx: &mut Ctx) {
                 gpu.tensor(&rows[w..], cap, hkv * hd)?,
             );
             gpu.kv_write(&mut first, &crate::backend::step_at(&gpu, 0, cap)?, &k, &v)?;
-            let mut old = raw(&first);
+            let mut old = raw(&first)?;
             drop(first);
             let reused = gpu.kv_cache(shape)?;
             let fresh = gpu.kv_cache(shape)?;
-            let mut now = raw(&reused);
+            let mut now = raw(&reused)?;
             old.sort_unstable();
             now.sort_unstable();
             if old != now {
                 anyhow::bail!("the new cache did not take the dropped cache's buffers");
             }
             let bytes = |c: &GpuKvCache| -> R<Vec<f32>> {
-                let n = kv_layout(&c.shape, c.kv_type).bytes();
-                let mut out = c.k.read::<u8>(n)?;
-                out.extend(c.v.read::<u8>(n)?);
+                let (mut out, v, _, _) = c.read_back(gpu.pool.stream())?;
+                out.extend(v);
                 if let Some(e) = &c.extra {
                     out.extend(e.read::<u8>(e.bytes())?);
                 }

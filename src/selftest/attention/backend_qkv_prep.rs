@@ -107,7 +107,7 @@ fn one_case(
             );
             be.attn_prep(&q, &k, &v, &mut cache, &step, &prep)?
         };
-        with_cache(host(&be, &q)?, &cache)
+        with_cache(&be, host(&be, &q)?, &cache)
     };
     Ok((run(true)?, run(false)?))
 }

@@ -97,13 +97,19 @@ fn check_case(
     Ok(err)
 }
 
-/// One row per golden case: the GPU's batched pass against the CPU's.
-pub fn batch_rows<G: Backend, C: Backend>(gpu: &Arc<G>, cpu: &Arc<C>) -> Vec<ModelRow> {
+/// One row per golden case: the GPU's batched pass against the CPU's, each case on a backend
+/// from `gpu` (a fresh one per case where the backend lays caches out by the first model's
+/// shapes, as the CUDA backend's KV arena does); `how` names the GPU's way in the row.
+pub fn batch_rows<G: Backend, C: Backend>(
+    gpu: impl Fn() -> Result<Arc<G>, String>,
+    cpu: &Arc<C>,
+    how: &str,
+) -> Vec<ModelRow> {
     let root = golden_root();
     CASES
         .iter()
         .map(|&case| {
-            let name = format!("{case} batched (3 staggered) vs cpu");
+            let name = format!("{case} batched (3 staggered, {how}) vs cpu");
             let dir = root.join(case);
             let r = (|| {
                 let json: serde_json::Value = serde_json::from_str(
@@ -117,7 +123,7 @@ pub fn batch_rows<G: Backend, C: Backend>(gpu: &Arc<G>, cpu: &Arc<C>) -> Vec<Mod
                     .filter_map(|v| v.as_u64().map(|v| v as u32))
                     .collect();
                 let path: &Path = &dir.join("hf");
-                let g = load(path, gpu.clone(), 256)?;
+                let g = load(path, gpu()?, 256)?;
                 let c = load(path, cpu.clone(), 256)?;
                 check_case(&g, &c, &prompt)
             })();
@@ -145,7 +151,7 @@ mod tests {
     #[test]
     fn cpu_against_cpu_is_exact() {
         let cpu = Arc::new(CpuBackend::new());
-        let rows = batch_rows(&cpu, &cpu);
+        let rows = batch_rows(|| Ok(cpu.clone()), &cpu, "cpu");
         assert_eq!(rows.len(), CASES.len());
         for r in rows {
             assert!(r.pass && r.max_rel == 0.0, "{} {}", r.name, r.note);

@@ -602,8 +602,19 @@ pub fn run_gpu(ordinal: usize) -> Vec<ModelRow> {
             part.extend(synth::check_hd128(&gpu, &cpu_int8));
             // sliding-window rings wrapped several times, against the whole context
             part.extend(ring::ring_rows(&gpu, &cpu));
-            // steps of several sequences (prompts and decodes mixed)
-            part.extend(batch::batch_rows(&gpu, &cpu));
+            // steps of several sequences (prompts and decodes mixed): caches of their own (a
+            // launch per sequence), then in a KV arena (a layer's K/V writes and decode
+            // attention of every sequence in one launch each)
+            part.extend(batch::batch_rows(|| Ok(gpu.clone()), &cpu, "own caches"));
+            part.extend(batch::batch_rows(
+                || {
+                    let g = CudaBackend::new(ordinal, kv).map_err(|e| e.to_string())?;
+                    g.reserve_kv_slots(4);
+                    Ok(Arc::new(g))
+                },
+                &cpu,
+                "kv arena",
+            ));
         }
         let bound = (kv == KvType::Fp8E4m3).then_some(FP8_KV_270M_BOUND);
         part.push(gemma3_270m_row(&gpu, &cpu_int8, bound));

@@ -223,7 +223,7 @@ impl CudaBackend {
 
     /// Whether the attn_prep kernel takes these inputs (an error where they do not fit each
     /// other or the cache; false where the kernel does not take the head or RoPE shape).
-    fn prep_fits(
+    pub(super) fn prep_fits(
         &self,
         q: &GpuTensor,
         k: &GpuTensor,
@@ -291,6 +291,7 @@ impl CudaBackend {
             Some(f) => Some(self.freq_factors(f)?),
             None => None,
         };
+        let (k_cache, v_cache, scales) = cache.memory()?;
         let launch = AttnPrepLaunch {
             rows: q.rows,
             n_heads: p.n_heads,
@@ -310,9 +311,10 @@ impl CudaBackend {
             k_norm: kn,
             v_norm: vn,
             q_out,
-            k_cache: cache.k.u8(),
-            v_cache: cache.v.u8(),
-            scales: cache.kv_scales(),
+            k_cache,
+            v_cache,
+            scales,
+            page0: None,
         };
         Ok((launch, bufs))
     }

@@ -11,6 +11,7 @@
 //! kept with their loaded function, so a launch does no lookup by name.
 
 mod attend;
+mod attend_seqs;
 mod elementwise;
 mod fused;
 mod linear;
@@ -26,6 +27,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::ops::attention::arena::KvArena;
 use super::CudaDevice;
 use crate::backend::cuda::runtime::buf::{read_ptr, DevBuf, Pool, PoolStats};
 use crate::backend::cuda::runtime::error::CudaError;
@@ -91,6 +93,9 @@ pub struct CudaBackend {
     glurs: Option<bool>,
     /// Page-locked id readbacks of finished samplers, for the next ones.
     pub(crate) readbacks: Arc<crate::backend::cuda::runtime::readback::ReadbackPool>,
+    /// The KV arena sequences' caches are laid out in ([`Self::reserve_kv_slots`]); None: every
+    /// cache its own buffers.
+    kv_arena: Mutex<Option<Arc<KvArena>>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -189,7 +194,22 @@ impl CudaBackend {
             qkv_prep: None,
             glurs: None,
             readbacks: Arc::default(),
+            kv_arena: Mutex::new(None),
         })
+    }
+
+    /// Lay the caches of up to `slots` sequences out side by side (a KV arena, allocated at the
+    /// next sequence's request, sized for `slots` of them): a step of several of those sequences
+    /// then writes K/V and runs decode attention of a layer in one launch each. Sequences past
+    /// `slots` get caches of their own. 0 turns the arena off (sequences already in it keep
+    /// their slots).
+    pub fn reserve_kv_slots(&self, slots: usize) {
+        *lock(&self.kv_arena) = (slots > 0).then(|| KvArena::new(slots));
+    }
+
+    /// The KV arena, if one is reserved.
+    pub(super) fn kv_arena(&self) -> Option<Arc<KvArena>> {
+        lock(&self.kv_arena).clone()
     }
 
     /// (free, total) device memory in bytes.
@@ -415,6 +435,27 @@ impl Runtime for CudaBackend {
 
     fn kv_cache(&self, shape: KvShape) -> Result<GpuKvCache> {
         Ok(self.dev.kv_cache_new(&self.pool, shape, self.kv_type)?)
+    }
+
+    fn kv_caches(&self, shapes: &[KvShape]) -> Result<Vec<GpuKvCache>> {
+        if let Some(arena) = self.kv_arena() {
+            match self
+                .dev
+                .kv_caches_in(&self.pool, &arena, shapes, self.kv_type)
+            {
+                Ok(Some(c)) => return Ok(c),
+                Ok(None) => {}
+                Err(e) => {
+                    // (laying the arena out failed: out of memory, say) caches of their own
+                    tracing::warn!(
+                        "KV arena of {} sequences: {e}; sequences get caches of their own",
+                        arena.slots()
+                    );
+                    self.reserve_kv_slots(0);
+                }
+            }
+        }
+        shapes.iter().map(|s| self.kv_cache(*s)).collect()
     }
 
     fn kv_truncate(&self, cache: &mut GpuKvCache, len: usize) -> Result<()> {
@@ -693,6 +734,28 @@ impl Fused for CudaBackend {
         p: &AttnPrep<'_, GpuTensor>,
     ) -> Result<GpuTensor> {
         self.attn_prep_impl(q, k, v, cache, step, p)
+    }
+
+    fn attn_prep_seqs(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        caches: &mut [&mut GpuKvCache],
+        step: &StepOf<Self>,
+        p: &AttnPrep<'_, GpuTensor>,
+    ) -> Result<Option<GpuTensor>> {
+        self.attn_prep_seqs_impl(q, k, v, caches, step, p)
+    }
+
+    fn attention_seqs(
+        &self,
+        q: &GpuTensor,
+        caches: &[&GpuKvCache],
+        step: &StepOf<Self>,
+        p: &AttnParams,
+    ) -> Result<Option<GpuTensor>> {
+        self.attention_seqs_impl(q, caches, step, p)
     }
 
     fn linear_attn_prep(

@@ -495,6 +495,28 @@ pub fn read_ptr<T: DeviceRepr + Default + Clone>(
     Ok(out)
 }
 
+/// Copy `data` to the start of `p` (stream-ordered; `data` is staged before return).
+pub fn write_ptr<T: DeviceRepr>(
+    stream: &CudaStream,
+    p: DevPtr<T>,
+    data: &[T],
+) -> Result<(), CudaError> {
+    if data.len() > p.len() {
+        return Err(CudaError::Invalid {
+            op: "upload",
+            detail: format!("{} values into a buffer of {}", data.len(), p.len()),
+        });
+    }
+    if data.is_empty() {
+        return Ok(());
+    }
+    bind(stream)?;
+    // SAFETY: `p` addresses at least `data.len()` values; a pageable source is staged before
+    // the call returns.
+    unsafe { result::memcpy_htod_async(p.raw(), data, stream.cu_stream()) }
+        .map_err(drv("host->device copy"))
+}
+
 /// Device-to-device copy of `src` into `dst` (same length), stream-ordered and capturable.
 pub fn copy<T>(stream: &CudaStream, dst: DevPtr<T>, src: DevPtr<T>) -> Result<(), CudaError> {
     if dst.len() != src.len() {

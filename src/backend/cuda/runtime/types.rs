@@ -236,13 +236,24 @@ pub use crate::backend::KvType;
 pub struct GpuKvCache {
     pub shape: KvShape,
     pub kv_type: KvType,
-    pub k: DevBuf,
-    pub v: DevBuf,
     /// Positions written so far (all of `0..len` valid).
     pub len: usize,
     /// Layout-specific extras (page table, decode counters), owned by `kv.rs`.
     pub extra: Option<DevBuf>,
-    /// An FP8 cache's row scales: f16 K scales then V scales, one per cache row each
-    /// (`KvScales`); None for f16.
-    pub scales: Option<DevBuf>,
+    /// Where K, V and the row scales live.
+    pub mem: KvMem,
+}
+
+/// A cache's memory: buffers of its own, or a slot of the backend's KV arena
+/// (`ops/attention/arena.rs`).
+#[derive(Debug)]
+pub enum KvMem {
+    Own {
+        k: DevBuf,
+        v: DevBuf,
+        /// An FP8 cache's row scales: f16 K scales then V scales, one per cache row each
+        /// (`KvScales`); None for f16.
+        scales: Option<DevBuf>,
+    },
+    Slot(crate::backend::cuda::ops::attention::arena::CacheSlot),
 }

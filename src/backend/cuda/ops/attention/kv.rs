@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 
+use super::arena::{ArenaKind, KvArena};
 use super::decode::{
     decode_gqa_default, AttnDecodeLaunch, DecodeEntry, GqaMerge, MAX_DECODE_BLOCK_HEADS,
     MAX_DECODE_SPLITS,
@@ -25,7 +26,7 @@ use super::decode::{
 use super::launch::{AttnPrefillLaunch, KvLayout};
 use crate::backend::cuda::runtime::buf::{DevBuf, DevPtr, Pool};
 use crate::backend::cuda::runtime::error::CudaError;
-use crate::backend::cuda::runtime::types::{GpuKvCache, KvType, Q8Ptrs};
+use crate::backend::cuda::runtime::types::{GpuKvCache, KvMem, KvType, Q8Ptrs};
 use crate::backend::cuda::CudaDevice;
 use crate::backend::{AttnParams, KvShape};
 use crate::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
@@ -243,6 +244,15 @@ pub fn decode_launch_head_split(spec: &KernelSpec, group: usize, head_dim: usize
     }
 }
 
+/// A cache's own extras: the block table of its one-sequence decode launches (logical page ->
+/// page of the cache: identity, or modulo the ring), then their arrival counters (zero).
+fn cache_extra(pool: &Arc<Pool>, shape: &KvShape, layout: &KvLayout) -> Result<DevBuf, CudaError> {
+    let ring = layout.ring_pages as i32;
+    let mut table: Vec<i32> = (0..layout.pages() as i32).map(|p| p % ring).collect();
+    table.resize(layout.pages() + shape.n_kv_heads * MAX_HEAD_SPLIT, 0);
+    pool.upload_recycled(&table)
+}
+
 impl CudaDevice {
     /// A cache for `shape.capacity` positions of `shape.n_kv_heads` heads of `shape.head_dim`.
     pub fn kv_cache_new(
@@ -259,12 +269,6 @@ impl CudaDevice {
         // zeroed, so that a tile that reaches past the written keys reads finite values
         k.fill_bytes(0)?;
         v.fill_bytes(0)?;
-        // the block table (logical page -> allocated page: identity, or modulo the ring), then
-        // the decode kernel's arrival counters (zero)
-        let ring = layout.ring_pages as i32;
-        let mut table: Vec<i32> = (0..layout.pages() as i32).map(|p| p % ring).collect();
-        table.resize(layout.pages() + shape.n_kv_heads * MAX_HEAD_SPLIT, 0);
-        let extra = pool.upload_recycled(&table)?;
         let scales = match kv_type {
             KvType::Fp8E4m3 => {
                 let s = pool.alloc_recycled(layout.rows() * 2 * 2)?;
@@ -276,12 +280,39 @@ impl CudaDevice {
         Ok(GpuKvCache {
             shape,
             kv_type,
-            k,
-            v,
             len: 0,
-            extra: Some(extra),
-            scales,
+            extra: Some(cache_extra(pool, &shape, &layout)?),
+            mem: KvMem::Own { k, v, scales },
         })
+    }
+
+    /// The caches of one sequence of `shapes` in a slot of `arena` (zeroed, as new caches
+    /// are); None where the arena does not take them (other shapes, no free slot).
+    pub fn kv_caches_in(
+        &self,
+        pool: &Arc<Pool>,
+        arena: &Arc<KvArena>,
+        shapes: &[KvShape],
+        kv_type: KvType,
+    ) -> Result<Option<Vec<GpuKvCache>>, CudaError> {
+        for s in shapes {
+            check_kv_shape(s)?;
+        }
+        let Some(slots) = arena.lease(pool, shapes, kv_type)? else {
+            return Ok(None);
+        };
+        let mut out = Vec::with_capacity(shapes.len());
+        for (shape, slot) in shapes.iter().zip(slots) {
+            let layout = kv_layout(shape, kv_type);
+            out.push(GpuKvCache {
+                shape: *shape,
+                kv_type,
+                len: 0,
+                extra: Some(cache_extra(pool, shape, &layout)?),
+                mem: KvMem::Slot(slot),
+            });
+        }
+        Ok(Some(out))
     }
 
     /// Write `n` rows of `k`, `v` (f32 `[n, n_kv_heads * head_dim]`) at the positions `pos[0..n]`
@@ -306,17 +337,8 @@ impl CudaDevice {
             BatchBucket::Any,
         )?;
         let layout = kv_layout(&cache.shape, cache.kv_type);
-        self.kv_write_rows(
-            spec,
-            &layout,
-            n,
-            cache.kv_scales(),
-            k,
-            v,
-            pos,
-            cache.k.u8(),
-            cache.v.u8(),
-        )
+        let (kc, vc, scales) = cache.memory()?;
+        self.kv_write_rows(spec, &layout, n, scales, k, v, pos, kc, vc)
     }
 
     /// Causal attention of `n` query rows `q` (f32 `[n, n_heads * head_dim]`, row i at position
@@ -363,6 +385,7 @@ impl CudaDevice {
         }
         let out = pool.alloc(rows * 4)?;
         let layout = kv_layout(&cache.shape, cache.kv_type);
+        let (kc, vc, scales) = cache.memory()?;
         let softcap = p.softcap.unwrap_or(0.0);
         let window = p.window.unwrap_or(0);
         if n == 1 {
@@ -401,9 +424,9 @@ impl CudaDevice {
                 spec,
                 &lp,
                 q,
-                cache.k.u8(),
-                cache.v.u8(),
-                cache.kv_scales(),
+                kc,
+                vc,
+                scales,
                 table,
                 pos,
                 part_o.f32(),
@@ -422,18 +445,98 @@ impl CudaDevice {
                 softcap,
                 window,
             };
-            self.attn_prefill(
-                spec,
-                &lp,
-                &layout,
-                q,
-                pos,
-                cache.k.u8(),
-                cache.v.u8(),
-                cache.kv_scales(),
-                out.f32(),
-            )?;
+            self.attn_prefill(spec, &lp, &layout, q, pos, kc, vc, scales, out.f32())?;
         }
+        Ok(out)
+    }
+}
+
+impl CudaDevice {
+    /// Decode attention of one query row per sequence (`q` f32 `[slots.len(), n_heads *
+    /// head_dim]`, row b at position `pos[b]`) over the caches of `ordinal` in `kind` of the KV
+    /// arena, sequence b's in slot `slots[b]`: one launch, a block table row per sequence. As
+    /// [`Self::attention`]'s decode branch otherwise (the checks of each sequence's cache are the
+    /// caller's). Returns `[slots.len(), n_heads * head_dim]` f32 from `pool`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_slots(
+        &self,
+        pool: &Arc<Pool>,
+        q: DevPtr<f32>,
+        kind: &ArenaKind,
+        (ordinal, arena_slots): (usize, usize),
+        slots: &[usize],
+        pos: DevPtr<i32>,
+        p: &AttnParams,
+    ) -> Result<DevBuf, CudaError> {
+        let (b, d) = (slots.len(), p.head_dim);
+        let hd = kv_head_dim(d).ok_or_else(|| bad("attention", format!("head_dim {d}")))?;
+        let layout = &kind.layout;
+        if b == 0 || p.n_kv_heads != layout.hkv || d != layout.head_dim {
+            return Err(bad(
+                "attention",
+                format!(
+                    "{b} sequences of {} KV heads x {d} over caches of {} x {}",
+                    p.n_kv_heads, layout.hkv, layout.head_dim
+                ),
+            ));
+        }
+        let rows = b * p.n_heads * d;
+        if q.len() < rows || pos.len() < b {
+            return Err(bad(
+                "attention",
+                format!("{b} rows: q {} pos {}", q.len(), pos.len()),
+            ));
+        }
+        let spec = self.resolve(Op::AttnDecode, kv_quant(kind.kv_type), hd, BatchBucket::Any)?;
+        let head_split = decode_launch_head_split(spec, p.n_heads / p.n_kv_heads, d);
+        let min_chunk = min_split_keys(head_split == 1 && decode_gqa_default(spec));
+        // as many blocks as one sequence's launch would have, over all the sequences
+        let splits = decode_splits(layout.capacity, p.n_kv_heads * b, p.window, min_chunk);
+        let table = kind.table(pool, slots)?;
+        let counters = kind
+            .counters(b * p.n_kv_heads * head_split)
+            .ok_or_else(|| {
+                bad(
+                    "attention",
+                    format!("{b} sequences past the arena's counters"),
+                )
+            })?;
+        let (kc, vc, scales) = kind
+            .base(ordinal, arena_slots)
+            .ok_or_else(|| bad("attention", format!("cache {ordinal} past the arena")))?;
+        let lp = AttnDecodeLaunch {
+            batch: b,
+            hq: p.n_heads,
+            hkv: p.n_kv_heads,
+            head_split,
+            page_size: KV_PAGE,
+            max_pages: layout.pages(),
+            splits,
+            min_chunk,
+            scale: p.scale,
+            softcap: p.softcap.unwrap_or(0.0),
+            window: p.window.unwrap_or(0),
+            entry: DecodeEntry::Auto,
+            gqa_merge: GqaMerge::Auto,
+        };
+        let out = pool.alloc(rows * 4)?;
+        let part_o = pool.alloc(rows * splits * 4)?;
+        let part_ml = pool.alloc(b * p.n_heads * splits * 2 * 4)?;
+        self.attn_decode(
+            spec,
+            &lp,
+            q,
+            kc,
+            vc,
+            scales,
+            table,
+            pos,
+            part_o.f32(),
+            part_ml.f32(),
+            out.f32(),
+            None,
+            counters,
+        )?;
         Ok(out)
     }
 }

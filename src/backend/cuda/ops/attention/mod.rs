@@ -1,6 +1,7 @@
 //! The paged KV cache and attention over it: K/V writes, the attention input (`attn_prep`, and
 //! its fusion with the q|k|v projection), prefill and decode attention.
 
+pub mod arena;
 pub mod decode;
 pub mod kv;
 pub mod launch;

@@ -75,6 +75,17 @@ pub struct AttnPrepBufs {
     pub v_cache: DevPtr<u8>,
     /// An FP8 cache's row scales (written with the rows), null for f16.
     pub scales: super::launch::KvScales,
+    /// Each row's first page in `k_cache` / `v_cache` (rows of several sequences whose caches
+    /// are slots of one allocation) and the largest of them; None: page 0 for every row.
+    pub page0: Option<RowPages>,
+}
+
+/// The first page of each row's cache ([`AttnPrepBufs::page0`]): i32 per row on the device,
+/// and the largest value (host-known, for the bounds check).
+#[derive(Debug, Clone, Copy)]
+pub struct RowPages {
+    pub pages: DevPtr<i32>,
+    pub max: usize,
 }
 impl CudaDevice {
     /// Per-head norms of q / k / v, RoPE of q and k at `pos`, q to `q_out`, k and v into the
@@ -133,6 +144,30 @@ impl CudaDevice {
             ));
         }
         layout.check(OP, bufs.k_cache, bufs.v_cache)?;
+        if let Some(rp) = bufs.page0 {
+            // every row's pages within the caches (and their scales)
+            let pages = rp.max + layout.ring_pages;
+            let page_bytes = layout.bytes() / layout.ring_pages.max(1);
+            let page_rows = layout.rows() / layout.ring_pages.max(1);
+            let fp8_short = layout.elem_bytes == 1
+                && (bufs.scales.k.len() < pages * page_rows
+                    || bufs.scales.v.len() < pages * page_rows);
+            if rp.pages.len() < p.rows
+                || bufs.k_cache.len() < pages * page_bytes
+                || bufs.v_cache.len() < pages * page_bytes
+                || fp8_short
+            {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "{} rows' first pages (up to {}) past caches of {} bytes",
+                        p.rows,
+                        rp.max,
+                        bufs.k_cache.len()
+                    ),
+                ));
+            }
+        }
         let d = layout.head_dim;
         let (qw, kvw) = (p.n_heads * d, layout.hkv * d);
         if p.n_heads == 0
@@ -221,19 +256,21 @@ impl CudaDevice {
             vwp,
         ];
         let outs = [bufs.q_out.raw(), bufs.k_cache.raw(), bufs.v_cache.raw()];
+        let page0 = bufs.page0.map_or(0, |r| r.pages.raw());
         // (const float* q, k, v, const int* pos, const float* freq_factors, const float* qw, kw,
         //  vw, int q_mode, k_mode, v_mode, float eps, float* q_out, kv_t* k_cache, v_cache,
         //  int n_heads, hkv, d, rot_dims, freq_base_dims, layout, float theta, int page_size,
-        //  capacity, ring_pages, u16* k_scales, v_scales); sizes checked above, the caches hold
-        //  `layout.bytes()` (ring_pages pages) and an FP8 cache's scales a value per row, and the
-        //  kernel skips positions outside [0, capacity) and takes page indices modulo ring_pages.
+        //  capacity, ring_pages, u16* k_scales, v_scales, const int* page0); sizes checked
+        //  above, the caches hold `layout.bytes()` (ring_pages pages) past every row's first page
+        //  and an FP8 cache's scales a value per row, and the kernel skips positions outside
+        //  [0, capacity) and takes page indices modulo ring_pages.
         self.go(
             kn,
             cfg,
             &[
                 &ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &ptrs[4], &ptrs[5], &ptrs[6], &ptrs[7],
                 &qm, &km, &vm, &p.eps, &outs[0], &outs[1], &outs[2], &ints[0], &ints[1], &ints[2],
-                &ints[3], &ints[4], &ints[5], &p.theta, &pg, &cap, &ring, &ik, &iv,
+                &ints[3], &ints[4], &ints[5], &p.theta, &pg, &cap, &ring, &ik, &iv, &page0,
             ],
         )
     }
