@@ -205,6 +205,17 @@ fn load_cuda(
         kv_budget: Some(budget.clone()),
     };
     let model = load_model_on(ckpt, be.clone(), &opts)?;
+    // the kernels of this model's formats, on several threads with a bar (a cold kernel cache
+    // compiles here, not at the first request)
+    let t = std::time::Instant::now();
+    match be.precompile_model(std::io::IsTerminal::is_terminal(&std::io::stderr())) {
+        Ok(n) => tracing::info!(
+            "kernels: {n} instances ready in {:.1} s",
+            t.elapsed().as_secs_f64()
+        ),
+        // (each kernel is compiled again when first used, where the error then surfaces)
+        Err(e) => tracing::warn!("compiling the kernels ahead: {e}"),
+    }
     let info = model.info();
     let per_token = be.kv_bytes(info.kv_elems_per_token);
     let fixed = be.kv_bytes(info.kv_fixed_elems);

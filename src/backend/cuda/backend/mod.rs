@@ -96,6 +96,8 @@ pub struct CudaBackend {
     /// The KV arena sequences' caches are laid out in ([`Self::reserve_kv_slots`]); None: every
     /// cache its own buffers.
     kv_arena: Mutex<Option<Arc<KvArena>>>,
+    /// The formats of the weights uploaded so far (`precompile_model`).
+    weight_quants: Mutex<std::collections::BTreeSet<Quant>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -195,7 +197,20 @@ impl CudaBackend {
             glurs: None,
             readbacks: Arc::default(),
             kv_arena: Mutex::new(None),
+            weight_quants: Mutex::default(),
         })
+    }
+
+    /// Compile (or fetch from the disk cache) the PTX of every kernel instance this device runs
+    /// for the formats of the weights uploaded so far, the float formats and the cache type, on
+    /// several threads with a progress bar when `show_progress` (a server's start on a cold
+    /// kernel cache: the warm-up then finds them compiled). Returns the instances covered.
+    pub fn precompile_model(&self, show_progress: bool) -> std::result::Result<usize, CudaError> {
+        let mut quants = lock(&self.weight_quants).clone();
+        quants.extend([Quant::F32, Quant::F16, Quant::Bf16]);
+        quants.insert(crate::backend::cuda::ops::attention::kv::kv_quant(self.kv_type));
+        self.dev
+            .precompile_where(|k| quants.contains(&k.quant), show_progress)
     }
 
     /// Lay the caches of up to `slots` sequences out side by side (a KV arena, allocated at the

@@ -251,6 +251,16 @@ impl CudaBackend {
     }
 
     pub(super) fn upload_weight(&self, w: &TensorRef<'_>) -> Result<GpuWeight> {
+        let g = self.upload_weight_as(w)?;
+        // what the kernels of this model read (`CudaBackend::precompile_model`): the stored
+        // format and, for a repacked one, its source's (embedding rows, say)
+        let mut q = super::lock(&self.weight_quants);
+        q.insert(g.quant);
+        q.extend(source_of(g.quant).map(|(src, _)| src));
+        Ok(g)
+    }
+
+    fn upload_weight_as(&self, w: &TensorRef<'_>) -> Result<GpuWeight> {
         let shape = w.shape.clone();
         let numel = w.numel();
         let weight = |data: DevBuf, quant: Quant, f32: Option<DevBuf>| GpuWeight {

@@ -170,9 +170,18 @@ impl CudaDevice {
     /// on a few threads with a progress bar when `show_progress` (first start after an
     /// install or a template change). Returns how many instances were covered.
     pub fn precompile(&self, show_progress: bool) -> Result<usize, CudaError> {
+        self.precompile_where(|_| true, show_progress)
+    }
+
+    /// [`Self::precompile`] of the instances whose key `keep` takes.
+    pub fn precompile_where(
+        &self,
+        keep: impl Fn(&kernels::KernelKey) -> bool,
+        show_progress: bool,
+    ) -> Result<usize, CudaError> {
         let specs: Vec<&'static KernelSpec> = kernels::KERNELS
             .iter()
-            .filter(|s| self.arches.contains(&s.key.arch))
+            .filter(|s| self.arches.contains(&s.key.arch) && keep(&s.key))
             .collect();
         let sources: Vec<std::borrow::Cow<'static, str>> =
             specs.iter().map(|s| source_of(s)).collect();
