@@ -17,8 +17,8 @@
 //!   for the multi-row cases (rows >= 9: attn_prep's one-warp-per-head entry against the
 //!   one-warp-per-group rms_norm, both adding squares in the block kernel's order).
 
+use crate::backend::cuda::ops::attention::cache::CacheContents;
 use crate::backend::cuda::ops::attention::kv::{kv_layout, kv_quant};
-use crate::backend::cuda::ops::attention::launch::CacheContents;
 use crate::backend::cuda::{CudaBackend, GpuKvCache, GpuTensor, KvType};
 use crate::backend::{
     attn_prep_composed, step_at, Activation, AttnPrep, KvShape, Norm, PostNorm, Rope,

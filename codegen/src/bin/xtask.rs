@@ -13,7 +13,6 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use codegen::ptx::{self, CacheConfig, Job, PtxCache};
-use codegen::SmArch;
 
 const FIX: &str = "cargo xtask gen-kernels";
 

@@ -21,6 +21,7 @@ pub use backend::sampler::{
     SAMPLE_BLOCK_LOGITS,
 };
 pub use backend::CudaBackend;
+pub use ops::attention::cache::GpuKvCache;
 pub use ops::attention::decode::{
     decode_gqa_default, decode_has_mma, decode_key_has_gqa, decode_key_has_mma,
     gqa_fused_merge_default, gqa_fused_merge_fits, AttnDecodeLaunch, AttnScratch, DecodeEntry,
@@ -50,8 +51,6 @@ pub use runtime::error::CudaError;
 pub use runtime::kern::{copy_2d, weight_block, Kern, KernEntry, KernQ8};
 pub use runtime::probe::cuda_available;
 pub use runtime::readback::TokenReadback;
-pub use runtime::types::{
-    Bf16Side, GpuKvCache, GpuTensor, GpuWeight, KvType, Q8Ptrs, Q8Side, WeightView,
-};
+pub use runtime::types::{Bf16Side, GpuTensor, GpuWeight, KvType, Q8Ptrs, Q8Side, WeightView};
 
 pub use cudarc::driver::{CudaSlice, CudaView};

@@ -20,6 +20,8 @@ pub struct SeqSteps<'s, B: Backend> {
     /// One step per sequence, in the step's order, made at the first op that runs per sequence
     /// (on CUDA one small upload per sequence; none where every such op runs over the step).
     parts: std::cell::OnceCell<Vec<StepOf<B>>>,
+    /// The leading one-row sequences as a step of their own (`decode_step`).
+    decodes: std::cell::OnceCell<StepOf<B>>,
 }
 
 impl<'s, B: Backend> SeqSteps<'s, B> {
@@ -28,6 +30,7 @@ impl<'s, B: Backend> SeqSteps<'s, B> {
         Ok(SeqSteps {
             step,
             parts: std::cell::OnceCell::new(),
+            decodes: std::cell::OnceCell::new(),
         })
     }
 
@@ -146,9 +149,53 @@ impl<'s, B: Backend> SeqSteps<'s, B> {
         if let Some(a) = bk!(be.attention_seqs(&q, caches, self.step, p))? {
             return Ok(a);
         }
+        // the leading one-row sequences (decodes: the scheduler puts running sequences first)
+        // over the step where the backend takes them, the others per sequence
+        let k = self.decode_prefix();
+        if k >= 2 && k < self.count() {
+            let (dec, n) = self.decode_step(be)?;
+            let qd = bk!(be.slice_rows(&q, 0, n))?;
+            if let Some(a) = bk!(be.attention_seqs(&qd, &caches[..k], dec, p))? {
+                let parts = self.parts(be)?;
+                let mut outs = vec![a];
+                for (j, s) in self.step.plan().seqs().iter().enumerate().skip(k) {
+                    let qj = bk!(be.slice_rows(&q, s.row0, s.rows))?;
+                    outs.push(bk!(be.attention(&qj, caches[j], &parts[j], p))?);
+                }
+                let refs: Vec<&B::Tensor> = outs.iter().collect();
+                return bk!(be.concat_rows(&refs));
+            }
+        }
         self.each(be, vec![q], |j, t, st| {
             bk!(be.attention(&t[0], caches[j], st, p))
         })
+    }
+
+    /// How many of the step's sequences, from the first, have one row each.
+    fn decode_prefix(&self) -> usize {
+        self.step
+            .plan()
+            .seqs()
+            .iter()
+            .take_while(|s| s.rows == 1)
+            .count()
+    }
+
+    /// The leading one-row sequences ([`Self::decode_prefix`]) as a step of their own, made
+    /// once per pass, and its rows.
+    fn decode_step(&self, be: &B) -> R<(&StepOf<B>, usize)> {
+        let k = self.decode_prefix();
+        if let Some(d) = self.decodes.get() {
+            return Ok((d, k));
+        }
+        let plan = self.step.plan();
+        let ids = bk!(plan.host_ids("step"))?;
+        let seqs: Vec<(&[u32], usize)> = plan.seqs()[..k]
+            .iter()
+            .map(|s| (&ids[s.row0..s.row0 + 1], s.pos0))
+            .collect();
+        let d = bk!(be.step(bk!(StepPlan::batch(&seqs, LogitRows::All))?))?;
+        Ok((self.decodes.get_or_init(|| d), k))
     }
 
     /// The rows of `x` (one per step row) that reach the LM head for `rows`: all of them, or the

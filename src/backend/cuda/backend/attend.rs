@@ -2,7 +2,8 @@
 //! cache).
 
 use super::{attn_q8_enabled, CudaBackend};
-use crate::backend::cuda::runtime::types::{GpuKvCache, GpuTensor, Q8Side};
+use crate::backend::cuda::ops::attention::cache::GpuKvCache;
+use crate::backend::cuda::runtime::types::{GpuTensor, Q8Side};
 use crate::backend::{AttnParams, BackendError, Result, StepOf};
 
 impl CudaBackend {

@@ -8,10 +8,11 @@
 
 use super::CudaBackend;
 use crate::backend::cuda::ops::attention::arena::CacheSlot;
+use crate::backend::cuda::ops::attention::cache::GpuKvCache;
 use crate::backend::cuda::ops::attention::kv::{check_attention, check_kv_positions, kv_quant};
 use crate::backend::cuda::ops::attention::prep::RowPages;
 use crate::backend::cuda::ops::elementwise::rows::{attn_prep_rows_suffix, PREFILL_MIN_ROWS};
-use crate::backend::cuda::runtime::types::{GpuKvCache, GpuTensor};
+use crate::backend::cuda::runtime::types::GpuTensor;
 use crate::backend::{AttnParams, AttnPrep, BackendError, Result, StepOf};
 use crate::kernels::{BatchBucket, Op};
 

@@ -8,6 +8,7 @@
 //! the kernel's multi-row entry (one warp per (row, head)), whose bytes equal the decode form's.
 
 use super::CudaBackend;
+use crate::backend::cuda::ops::attention::cache::GpuKvCache;
 use crate::backend::cuda::ops::attention::kv::{kv_layout, kv_quant};
 use crate::backend::cuda::ops::attention::prep::{
     AttnPrepBufs, AttnPrepLaunch, ATTN_PREP_MAX_HEAD_DIM,
@@ -16,7 +17,7 @@ use crate::backend::cuda::ops::elementwise::add_norm::NormAddWeights;
 use crate::backend::cuda::ops::elementwise::launch::NormWeightPtr;
 use crate::backend::cuda::ops::elementwise::rows::{attn_prep_rows_suffix, PREFILL_MIN_ROWS};
 use crate::backend::cuda::runtime::buf::DevPtr;
-use crate::backend::cuda::runtime::types::{Bf16Side, GpuKvCache, GpuTensor, Q8Side};
+use crate::backend::cuda::runtime::types::{Bf16Side, GpuTensor, Q8Side};
 use crate::backend::{attn_prep_composed, AttnPrep, BackendError, Norm, PostNorm, Result, StepOf};
 use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};

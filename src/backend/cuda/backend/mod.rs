@@ -29,12 +29,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::ops::attention::arena::KvArena;
 use super::CudaDevice;
+use crate::backend::cuda::ops::attention::cache::GpuKvCache;
 use crate::backend::cuda::runtime::buf::{read_ptr, DevBuf, Pool, PoolStats};
 use crate::backend::cuda::runtime::error::CudaError;
 use crate::backend::cuda::runtime::graph::StepGraph;
 use crate::backend::cuda::runtime::kern::KernEntry;
 use crate::backend::cuda::runtime::kern::{Kern, KernQ8};
-use crate::backend::cuda::runtime::types::{GpuKvCache, GpuTensor, GpuWeight, KvType};
+use crate::backend::cuda::runtime::types::{GpuTensor, GpuWeight, KvType};
 use crate::backend::cuda::CudaSamplerState;
 use crate::backend::{
     Activation, AttnParams, AttnPrep, BackendError, Fused, KvShape, MoeParams, Norm, Ops, PostNorm,
@@ -208,7 +209,9 @@ impl CudaBackend {
     pub fn precompile_model(&self, show_progress: bool) -> std::result::Result<usize, CudaError> {
         let mut quants = lock(&self.weight_quants).clone();
         quants.extend([Quant::F32, Quant::F16, Quant::Bf16]);
-        quants.insert(crate::backend::cuda::ops::attention::kv::kv_quant(self.kv_type));
+        quants.insert(crate::backend::cuda::ops::attention::kv::kv_quant(
+            self.kv_type,
+        ));
         self.dev
             .precompile_where(|k| quants.contains(&k.quant), show_progress)
     }

@@ -9,9 +9,10 @@
 //! same 48-token greedy text (`--raw`).
 
 use super::CudaBackend;
+use crate::backend::cuda::ops::attention::cache::GpuKvCache;
 use crate::backend::cuda::ops::attention::kv::{check_kv_positions, kv_layout};
 use crate::backend::cuda::ops::attention::qkv_prep::{QkvPrepArgs, QKVP_HEAD_DIM};
-use crate::backend::cuda::runtime::types::{GpuKvCache, GpuTensor, GpuWeight};
+use crate::backend::cuda::runtime::types::{GpuTensor, GpuWeight};
 use crate::backend::{AttnPrep, Result, StepOf};
 use crate::kernels::Entry;
 use crate::kernels::{BatchBucket, Op, Quant};

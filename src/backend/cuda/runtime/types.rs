@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use super::buf::{DevBuf, DevPtr};
 use super::error::CudaError;
-use crate::backend::KvShape;
 use crate::kernels::Quant;
 
 /// The int8 quantisation of a tensor's values in `quantize_q8`'s layout (what the block-format
@@ -230,30 +229,3 @@ impl GpuWeight {
 
 /// Element type of the KV cache (the backend-wide type; the CUDA backend keeps f16 or FP8).
 pub use crate::backend::KvType;
-
-/// One attention layer's KV cache for one sequence (layout owned by `kv.rs`).
-#[derive(Debug)]
-pub struct GpuKvCache {
-    pub shape: KvShape,
-    pub kv_type: KvType,
-    /// Positions written so far (all of `0..len` valid).
-    pub len: usize,
-    /// Layout-specific extras (page table, decode counters), owned by `kv.rs`.
-    pub extra: Option<DevBuf>,
-    /// Where K, V and the row scales live.
-    pub mem: KvMem,
-}
-
-/// A cache's memory: buffers of its own, or a slot of the backend's KV arena
-/// (`ops/attention/arena.rs`).
-#[derive(Debug)]
-pub enum KvMem {
-    Own {
-        k: DevBuf,
-        v: DevBuf,
-        /// An FP8 cache's row scales: f16 K scales then V scales, one per cache row each
-        /// (`KvScales`); None for f16.
-        scales: Option<DevBuf>,
-    },
-    Slot(crate::backend::cuda::ops::attention::arena::CacheSlot),
-}

@@ -19,7 +19,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::kv::kv_layout;
 use super::launch::{KvLayout, KvScales};
 use crate::backend::cuda::runtime::buf::{DevBuf, DevPtr, Pool};
 use crate::backend::cuda::runtime::error::CudaError;
@@ -177,13 +176,12 @@ pub fn decode_table(
     Ok(rows)
 }
 
-/// Where the caches of `shapes` go: the distinct layouts (with how many of the shapes have
-/// each) and, per shape, its (layout index, ordinal).
-pub fn place(shapes: &[KvShape], kv_type: KvType) -> (Vec<(KvLayout, usize)>, Vec<(usize, usize)>) {
+/// Where the caches of `layouts` (one sequence's, in order) go: the distinct layouts (with how
+/// many of the caches have each) and, per cache, its (layout index, ordinal).
+pub fn place(layouts: &[KvLayout]) -> (Vec<(KvLayout, usize)>, Vec<(usize, usize)>) {
     let mut kinds: Vec<(KvLayout, usize)> = Vec::new();
-    let mut place = Vec::with_capacity(shapes.len());
-    for s in shapes {
-        let l = kv_layout(s, kv_type);
+    let mut place = Vec::with_capacity(layouts.len());
+    for &l in layouts {
         let at = match kinds.iter().position(|(k, _)| *k == l) {
             Some(i) => i,
             None => {
@@ -209,11 +207,11 @@ impl Plan {
     /// Lay out `slots` sequences of `shapes` (allocating and zeroing every buffer).
     fn new(
         pool: &Arc<Pool>,
-        shapes: &[KvShape],
+        (shapes, layouts): (&[KvShape], &[KvLayout]),
         kv_type: KvType,
         slots: usize,
     ) -> Result<Plan, CudaError> {
-        let (layouts, place) = place(shapes, kv_type);
+        let (layouts, place) = place(layouts);
         let mut kinds = Vec::with_capacity(layouts.len());
         for (layout, per_seq) in layouts {
             let pages = slots * per_seq * layout.ring_pages;
@@ -384,17 +382,16 @@ impl KvArena {
         self.slots
     }
 
-    /// A free slot for a sequence of `shapes` and each shape's place in it (laying the arena out
-    /// for `shapes` at the first request, the slot zeroed); None where the arena holds other
-    /// shapes or every slot is taken.
-    #[allow(clippy::type_complexity)]
+    /// A free slot for a sequence of `shapes` (whose caches have `layouts`) and each shape's
+    /// place in it (laying the arena out for `shapes` at the first request, the slot zeroed);
+    /// None where the arena holds other shapes or every slot is taken.
     pub fn lease(
         self: &Arc<Self>,
         pool: &Arc<Pool>,
-        shapes: &[KvShape],
+        (shapes, layouts): (&[KvShape], &[KvLayout]),
         kv_type: KvType,
     ) -> Result<Option<Vec<CacheSlot>>, CudaError> {
-        if shapes.is_empty() || self.slots == 0 {
+        if shapes.is_empty() || shapes.len() != layouts.len() || self.slots == 0 {
             return Ok(None);
         }
         let mut g = self
@@ -405,7 +402,7 @@ impl KvArena {
             Some(p) if p.shapes == shapes && p.kv_type == kv_type => p.clone(),
             Some(_) => return Ok(None),
             None => {
-                let p = Arc::new(Plan::new(pool, shapes, kv_type, self.slots)?);
+                let p = Arc::new(Plan::new(pool, (shapes, layouts), kv_type, self.slots)?);
                 g.plan = Some(p.clone());
                 p
             }
@@ -437,41 +434,37 @@ impl KvArena {
 mod tests {
     use super::*;
 
-    fn shape(hkv: usize, d: usize, cap: usize, ring: Option<usize>) -> KvShape {
-        KvShape {
-            n_kv_heads: hkv,
+    /// The paged layout of `capacity` positions in pages of 64, a ring of `ring` pages (as
+    /// kv.rs makes it).
+    fn layout(hkv: usize, d: usize, capacity: usize, ring: usize) -> KvLayout {
+        KvLayout {
+            hkv,
             head_dim: d,
-            capacity: cap,
-            ring,
+            page_size: 64,
+            capacity,
+            ring_pages: ring,
+            elem_bytes: 2,
         }
     }
 
     #[test]
     fn layers_of_one_layout_share_a_kind_in_order() {
         // Gemma-like: sliding, sliding, global, sliding
-        let s = [
-            shape(2, 256, 1000, Some(512)),
-            shape(2, 256, 1000, Some(512)),
-            shape(2, 256, 1000, None),
-            shape(2, 256, 1000, Some(512)),
-        ];
-        let (kinds, place) = place(&s, KvType::F16);
-        assert_eq!(kinds.len(), 2);
-        assert_eq!((kinds[0].1, kinds[1].1), (3, 1));
-        assert_eq!(kinds[0].0.ring_pages, 8);
-        assert_eq!(kinds[1].0.ring_pages, 16);
+        let (sliding, global) = (layout(2, 256, 1000, 8), layout(2, 256, 1000, 16));
+        let (kinds, place) = place(&[sliding, sliding, global, sliding]);
+        assert_eq!(kinds, vec![(sliding, 3), (global, 1)]);
         assert_eq!(place, vec![(0, 0), (0, 1), (1, 0), (0, 2)]);
     }
 
     #[test]
     fn decode_tables_offset_each_sequence_by_its_slot() {
         // 3 layers of one layout per sequence, 130 positions: 3 pages, full (ring = pages)
-        let l = kv_layout(&shape(1, 64, 130, None), KvType::F16);
+        let l = layout(1, 64, 130, 3);
         let t = decode_table(&l, 3, &[2, 0]).unwrap();
         assert_eq!(t, vec![18, 19, 20, 0, 1, 2]);
         // a ring of 2 pages over 5 logical pages
-        let r = kv_layout(&shape(1, 64, 300, Some(100)), KvType::F16);
-        assert_eq!((r.pages(), r.ring_pages), (5, 2));
+        let r = layout(1, 64, 300, 2);
+        assert_eq!(r.pages(), 5);
         let t = decode_table(&r, 1, &[1]).unwrap();
         assert_eq!(t, vec![2, 3, 2, 3, 2]);
     }

@@ -24,9 +24,10 @@ use super::decode::{
     MAX_DECODE_SPLITS,
 };
 use super::launch::{AttnPrefillLaunch, KvLayout};
+use crate::backend::cuda::ops::attention::cache::{GpuKvCache, KvMem};
 use crate::backend::cuda::runtime::buf::{DevBuf, DevPtr, Pool};
 use crate::backend::cuda::runtime::error::CudaError;
-use crate::backend::cuda::runtime::types::{GpuKvCache, KvMem, KvType, Q8Ptrs};
+use crate::backend::cuda::runtime::types::{KvType, Q8Ptrs};
 use crate::backend::cuda::CudaDevice;
 use crate::backend::{AttnParams, KvShape};
 use crate::kernels::{BatchBucket, HeadDim, KernelSpec, Op, Quant};
@@ -298,17 +299,17 @@ impl CudaDevice {
         for s in shapes {
             check_kv_shape(s)?;
         }
-        let Some(slots) = arena.lease(pool, shapes, kv_type)? else {
+        let layouts: Vec<KvLayout> = shapes.iter().map(|s| kv_layout(s, kv_type)).collect();
+        let Some(slots) = arena.lease(pool, (shapes, &layouts), kv_type)? else {
             return Ok(None);
         };
         let mut out = Vec::with_capacity(shapes.len());
-        for (shape, slot) in shapes.iter().zip(slots) {
-            let layout = kv_layout(shape, kv_type);
+        for ((shape, layout), slot) in shapes.iter().zip(&layouts).zip(slots) {
             out.push(GpuKvCache {
                 shape: *shape,
                 kv_type,
                 len: 0,
-                extra: Some(cache_extra(pool, shape, &layout)?),
+                extra: Some(cache_extra(pool, shape, layout)?),
                 mem: KvMem::Slot(slot),
             });
         }

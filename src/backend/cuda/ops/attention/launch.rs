@@ -4,13 +4,11 @@
 
 use cudarc::driver::{sys, LaunchConfig, PushKernelArg};
 
-use crate::backend::cuda::runtime::buf::{read_ptr, write_ptr, DevPtr};
+use crate::backend::cuda::runtime::buf::DevPtr;
 use crate::backend::cuda::runtime::error::{drv, CudaError};
-use crate::backend::cuda::runtime::types::{GpuKvCache, KvMem};
 use crate::backend::cuda::CudaDevice;
 use crate::kernels::Quant;
 use crate::kernels::{KernelSpec, Op};
-use cudarc::driver::CudaStream;
 
 fn invalid(op: &'static str, detail: String) -> CudaError {
     CudaError::Invalid { op, detail }
@@ -79,70 +77,6 @@ impl KvLayout {
         i32::try_from(self.pages() * self.page_size)
             .map_err(|_| invalid(op, "capacity exceeds i32".into()))?;
         Ok(())
-    }
-}
-
-impl GpuKvCache {
-    /// K, V and the row scales as the kernels take them (scales null for an f16 cache).
-    pub fn memory(&self) -> Result<(DevPtr<u8>, DevPtr<u8>, KvScales), CudaError> {
-        match &self.mem {
-            KvMem::Own { k, v, scales } => Ok((k.u8(), v.u8(), own_scales(scales.as_ref()))),
-            KvMem::Slot(s) => s.memory(),
-        }
-    }
-
-    /// Every byte of K and V and the row scales (K's then V's; empty for f16), read back
-    /// (synchronises `stream`; for checks).
-    pub fn read_back(&self, stream: &CudaStream) -> Result<CacheContents, CudaError> {
-        let (k, v, s) = self.memory()?;
-        let layout = super::kv::kv_layout(&self.shape, self.kv_type);
-        let (n, rows) = (layout.bytes(), layout.rows());
-        let scales = |p: DevPtr<u16>| -> Result<Vec<u16>, CudaError> {
-            if p.is_empty() {
-                Ok(Vec::new())
-            } else {
-                read_ptr(stream, p, rows)
-            }
-        };
-        Ok((
-            read_ptr(stream, k, n)?,
-            read_ptr(stream, v, n)?,
-            scales(s.k)?,
-            scales(s.v)?,
-        ))
-    }
-
-    /// Overwrite K and V from their start with `k` and `v` (stream-ordered; for checks).
-    pub fn write_back(&self, stream: &CudaStream, k: &[u8], v: &[u8]) -> Result<(), CudaError> {
-        let (kp, vp, _) = self.memory()?;
-        write_ptr(stream, kp, k)?;
-        write_ptr(stream, vp, v)
-    }
-
-    /// The arena slot this cache lives in, if any.
-    pub fn slot(&self) -> Option<&super::arena::CacheSlot> {
-        match &self.mem {
-            KvMem::Slot(s) => Some(s),
-            KvMem::Own { .. } => None,
-        }
-    }
-}
-
-/// A cache's K bytes, V bytes, K row scales and V row scales (the scales empty for f16).
-pub type CacheContents = (Vec<u8>, Vec<u8>, Vec<u16>, Vec<u16>);
-
-/// The K and V halves of an own cache's scale buffer.
-fn own_scales(b: Option<&crate::backend::cuda::runtime::buf::DevBuf>) -> KvScales {
-    match b {
-        Some(b) => {
-            let all = b.ptr::<u16>();
-            let rows = all.len() / 2;
-            KvScales {
-                k: all.slice(0, rows).unwrap_or(all),
-                v: all.slice(rows, rows).unwrap_or(all),
-            }
-        }
-        None => KvScales::none(),
     }
 }
 

@@ -2,6 +2,7 @@
 //! its fusion with the q|k|v projection), prefill and decode attention.
 
 pub mod arena;
+pub mod cache;
 pub mod decode;
 pub mod kv;
 pub mod launch;
