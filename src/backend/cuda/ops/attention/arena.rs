@@ -176,9 +176,12 @@ pub fn decode_table(
     Ok(rows)
 }
 
-/// Where the caches of `layouts` (one sequence's, in order) go: the distinct layouts (with how
-/// many of the caches have each) and, per cache, its (layout index, ordinal).
-pub fn place(layouts: &[KvLayout]) -> (Vec<(KvLayout, usize)>, Vec<(usize, usize)>) {
+/// The distinct layouts of one sequence's caches, each with how many of them have it; and per
+/// cache, its (layout index, ordinal).
+type Placement = (Vec<(KvLayout, usize)>, Vec<(usize, usize)>);
+
+/// Where the caches of `layouts` (one sequence's, in order) go.
+pub fn place(layouts: &[KvLayout]) -> Placement {
     let mut kinds: Vec<(KvLayout, usize)> = Vec::new();
     let mut place = Vec::with_capacity(layouts.len());
     for &l in layouts {
