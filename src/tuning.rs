@@ -101,6 +101,13 @@ pub struct Tuning {
     pub gemm_scratch_bytes: usize,
     /// Prompt tokens per prefill pass (`FUCINA_PREFILL_CHUNK`).
     pub prefill_chunk: usize,
+    /// A recurrent model's session snapshots its recurrent state every this many positions
+    /// (and at the end of each prompt), so a rewind recomputes at most that many tokens
+    /// (`FUCINA_SNAPSHOT_EVERY`).
+    pub snapshot_every: usize,
+    /// Snapshots a session keeps, the newest (`FUCINA_SNAPSHOT_KEEP`; 0: none, rewinds of
+    /// recurrent models re-prefill).
+    pub snapshot_keep: usize,
 
     /// Measurement aids of profiling builds (`--features profiling`).
     #[cfg(feature = "profiling")]
@@ -159,6 +166,8 @@ impl Default for Tuning {
             gemm_tile: None,
             gemm_scratch_bytes: 256 << 20,
             prefill_chunk: 8192,
+            snapshot_every: 256,
+            snapshot_keep: 4,
             #[cfg(feature = "profiling")]
             profiling: Profiling {
                 replay_repeat: 1,
@@ -241,6 +250,10 @@ impl Tuning {
             prefill_chunk: num("PREFILL_CHUNK")
                 .filter(|&n| n > 0)
                 .unwrap_or(d.prefill_chunk),
+            snapshot_every: num("SNAPSHOT_EVERY")
+                .filter(|&n| n > 0)
+                .unwrap_or(d.snapshot_every),
+            snapshot_keep: num("SNAPSHOT_KEEP").unwrap_or(d.snapshot_keep),
             #[cfg(feature = "profiling")]
             profiling: Profiling {
                 graph_skip: var("GRAPH_SKIP")

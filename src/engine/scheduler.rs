@@ -319,8 +319,9 @@ impl Worker {
                     .take_while(|(a, b)| a == b)
                     .count();
                 let k = common.min(req.prompt.len().saturating_sub(1));
-                if k > 0 && s.rewind(k).is_ok() {
-                    keep = k;
+                // (a recurrent model goes back to its newest snapshot at or before k)
+                if let Some(Ok(kept @ 1..)) = (k > 0).then(|| s.rewind_near(k)) {
+                    keep = kept;
                     session = Some(s);
                 }
             }

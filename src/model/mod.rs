@@ -110,8 +110,16 @@ pub trait Session: Send {
         self.len() == 0
     }
     /// Keep only the first `n` tokens. Attention-only models rewind exactly; models with
-    /// recurrent state may refuse (`ModelError::Rewind`), and the caller re-prefills.
+    /// recurrent state rewind to the positions they kept a snapshot of and refuse others
+    /// (`ModelError::Rewind`; the caller re-prefills, or asks [`Self::rewind_near`]).
     fn rewind(&mut self, n: usize) -> Result<(), ModelError>;
+
+    /// Keep as many of the first `n` tokens as this session can go back to (a recurrent model:
+    /// up to its newest snapshot at or before `n`, else none); returns how many it kept, the
+    /// caller runs the rest again. Default: [`Self::rewind`] to `n`.
+    fn rewind_near(&mut self, n: usize) -> Result<usize, ModelError> {
+        self.rewind(n).map(|_| n)
+    }
 
     /// A sampler for one generation over a vocabulary of `vocab` (`prompt`: the tokens the
     /// repetition penalty counts as observed). Sessions on a backend return one that lives on the

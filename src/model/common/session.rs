@@ -7,7 +7,7 @@
 //! what a failed pass leaves (undone where the state is only rewritten, else the session needs
 //! a rewind to 0).
 
-use crate::backend::Runtime;
+use crate::backend::{Ops, Runtime};
 use std::sync::Arc;
 
 use crate::backend::{Backend, LogitRows, StepOf, StepPlan};
@@ -62,6 +62,16 @@ pub trait Decoder: Send + Sync + 'static {
     }
     /// Positions below `end` are about to be written (even if the pass then fails).
     fn written(&self, _state: &mut Self::State, _end: usize) {}
+    /// The tensors of `state` that truncating its KV caches cannot rewind (a Gated DeltaNet
+    /// layer's conv and recurrent state), in a fixed order: what the session's snapshots copy
+    /// and a rewind to a snapshot puts back (`rewind` then only truncates the caches). Default:
+    /// none (every layer's state is a KV cache).
+    fn recurrent<'s>(
+        &self,
+        _state: &'s mut Self::State,
+    ) -> Vec<&'s mut <Self::B as Runtime>::Tensor> {
+        Vec::new()
+    }
 }
 
 type Tensor<D> = <<D as Decoder>::B as Runtime>::Tensor;
@@ -79,6 +89,9 @@ pub struct DecoderSession<D: Decoder> {
     broken: bool,
     /// The last position's final-normed hidden state, where the decoder returns it.
     hidden: Option<Tensor<D>>,
+    /// Copies of the recurrent state (`Decoder::recurrent`) at the positions they were taken
+    /// at, oldest first: what a rewind of a recurrent model goes back to.
+    snaps: Vec<(usize, Vec<Tensor<D>>)>,
 }
 
 /// The state in `slot`, made first if there is none.
@@ -106,7 +119,94 @@ impl<D: Decoder> DecoderSession<D> {
             len: 0,
             broken: false,
             hidden: None,
+            snaps: Vec::new(),
         }
+    }
+
+    /// After a pass appended `start..end`: a snapshot of the recurrent state (where the model
+    /// has one) when the pass ended a prompt (`prompt`) or crossed a multiple of
+    /// `tuning::snapshot_every`; the newest `snapshot_keep` are kept. A copy that fails is
+    /// skipped (a later rewind then goes back further).
+    fn snapshot_after(&mut self, start: usize, end: usize, prompt: bool) {
+        let t = crate::tuning::get();
+        let every = t.snapshot_every.max(1);
+        if t.snapshot_keep == 0 || !(prompt || end / every > start / every) {
+            return;
+        }
+        let model = Arc::clone(&self.model);
+        let be = &**model.backend();
+        let Some(state) = self.state.as_mut() else {
+            return;
+        };
+        let tensors = model.recurrent(state);
+        if tensors.is_empty() {
+            return;
+        }
+        let copy = tensors
+            .iter()
+            .map(|t| be.slice_rows(t, 0, be.dims(t).0))
+            .collect::<Result<Vec<_>, _>>();
+        match copy {
+            Ok(c) => {
+                if self.snaps.is_empty() {
+                    let bytes: usize = c.iter().map(|t| be.dims(t).0 * be.dims(t).1 * 4).sum();
+                    tracing::debug!("recurrent-state snapshot: {bytes} bytes");
+                }
+                self.snaps.retain(|(p, _)| *p < end);
+                self.snaps.push((end, c));
+                let extra = self.snaps.len().saturating_sub(t.snapshot_keep);
+                self.snaps.drain(..extra);
+            }
+            Err(e) => tracing::debug!("recurrent-state snapshot at {end} skipped: {e}"),
+        }
+    }
+
+    /// Whether this session's model keeps state a KV truncation cannot rewind.
+    fn recurrent_model(&mut self) -> bool {
+        let model = Arc::clone(&self.model);
+        self.state
+            .as_mut()
+            .is_some_and(|s| !model.recurrent(s).is_empty())
+    }
+
+    /// The positions a rewind of a recurrent model can go back to: its snapshots'.
+    pub fn snapshot_positions(&self) -> Vec<usize> {
+        self.snaps.iter().map(|(p, _)| *p).collect()
+    }
+
+    /// Put the recurrent state back to the snapshot at `n` and truncate the caches there.
+    fn restore(&mut self, n: usize) -> R<()> {
+        let Some(i) = self.snaps.iter().position(|(p, _)| *p == n) else {
+            return Err(ModelError::Rewind {
+                to: n,
+                why: format!(
+                    "the recurrent state is kept at positions {:?} only; re-prefill",
+                    self.snapshot_positions()
+                ),
+            });
+        };
+        let model = Arc::clone(&self.model);
+        let be = &**model.backend();
+        let state = self
+            .state
+            .as_mut()
+            .ok_or_else(|| ModelError::Other("no state to rewind".into()))?;
+        let snap = &self.snaps[i].1;
+        let mut tensors = model.recurrent(state);
+        if tensors.len() != snap.len() {
+            return Err(ModelError::Other(format!(
+                "a snapshot of {} tensors for a state of {}",
+                snap.len(),
+                tensors.len()
+            )));
+        }
+        // copies: the snapshot stays for later rewinds
+        for (t, s) in tensors.iter_mut().zip(snap) {
+            **t = bk!(be.slice_rows(s, 0, be.dims(s).0))?;
+        }
+        model.rewind(state, self.len, n)?;
+        self.snaps.truncate(i + 1);
+        Ok(())
     }
 
     /// A session whose state is made now (an error here rather than at the first pass).
@@ -232,6 +332,7 @@ impl<D: Decoder> DecoderSession<D> {
                 let logits = v.next();
                 self.hidden = v.next();
                 self.len = end;
+                self.snapshot_after(start, end, tokens.len() > 1);
                 logits.ok_or_else(|| ModelError::Other("the pass lost its logits".into()))
             }
             Err(e) => {
@@ -324,6 +425,7 @@ impl<D: Decoder> DecoderSession<D> {
                         Ok(rows) => {
                             s.len = end;
                             s.hidden = None;
+                            s.snapshot_after(start, end, end - start > 1);
                             Ok(rows[i].take().expect("a row per session that ran"))
                         }
                         Err(e) => {
@@ -504,6 +606,7 @@ impl<D: Decoder> Session for DecoderSession<D> {
             self.len = 0;
             self.broken = false;
             self.hidden = None;
+            self.snaps.clear();
             return Ok(());
         }
         if n > self.len {
@@ -521,11 +624,28 @@ impl<D: Decoder> Session for DecoderSession<D> {
         if n == self.len {
             return Ok(());
         }
-        if let Some(s) = &mut self.state {
+        if self.recurrent_model() {
+            self.restore(n)?;
+        } else if let Some(s) = &mut self.state {
             self.model.rewind(s, self.len, n)?;
         }
         self.len = n;
         self.hidden = None;
         Ok(())
+    }
+
+    fn rewind_near(&mut self, n: usize) -> R<usize> {
+        if !self.recurrent_model() || self.broken || n >= self.len {
+            return self.rewind(n).map(|_| n);
+        }
+        // the newest snapshot at or before n (else from the start)
+        let at = self
+            .snaps
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|&p| p <= n)
+            .max()
+            .unwrap_or(0);
+        self.rewind(at).map(|_| at)
     }
 }

@@ -478,13 +478,9 @@ impl<B: Backend> Decoder for QwenModel<B> {
         self.forward_step(step, states)
     }
 
+    /// Truncates the KV caches; the Gated DeltaNet layers' state is the session's to put back
+    /// (from a snapshot: [`Decoder::recurrent`]).
     fn rewind(&self, states: &mut Vec<LayerState<B>>, _len: usize, n: usize) -> R<()> {
-        if self.has_recurrent() {
-            return Err(ModelError::Rewind {
-                to: n,
-                why: "the Gated DeltaNet recurrent state cannot be rewound; re-prefill".into(),
-            });
-        }
         for st in states.iter_mut() {
             if let LayerState::Kv(c) = st {
                 bk!(self.be.kv_truncate(c, n))?;
@@ -502,5 +498,15 @@ impl<B: Backend> Decoder for QwenModel<B> {
 
     fn pass_chunk(&self) -> usize {
         prefill_chunk()
+    }
+
+    fn recurrent<'s>(&self, states: &'s mut Vec<LayerState<B>>) -> Vec<&'s mut B::Tensor> {
+        states
+            .iter_mut()
+            .flat_map(|st| match st {
+                LayerState::Gdn(g) => vec![&mut g.conv, &mut g.rec],
+                LayerState::Kv(_) => Vec::new(),
+            })
+            .collect()
     }
 }
