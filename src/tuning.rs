@@ -377,6 +377,8 @@ mod tests {
             ("ATTN_MIN_CHUNK", "96"),
             ("GEMM_SCRATCH_MB", "64"),
             ("PREFILL_CHUNK", "0"),
+            ("SNAPSHOT_EVERY", "0"),
+            ("SNAPSHOT_KEEP", "2"),
         ]);
         assert!(!t.pipeline && !t.pdl && !t.attn_mma && t.repack);
         assert_eq!(t.defer_norm, Some(DeferNorm::Glu));
@@ -387,6 +389,7 @@ mod tests {
         assert_eq!(t.attn_min_chunk, Some(96));
         assert_eq!(t.gemm_scratch_bytes, 64 << 20);
         assert_eq!(t.prefill_chunk, 8192);
+        assert_eq!((t.snapshot_every, t.snapshot_keep), (256, 2));
         assert_eq!(with(&[("ATTN_MIN_CHUNK", "40")]).attn_min_chunk, None);
     }
 
