@@ -148,10 +148,16 @@ impl<D: Decoder> DecoderSession<D> {
             .collect::<Result<Vec<_>, _>>();
         match copy {
             Ok(c) => {
-                if self.snaps.is_empty() {
-                    let bytes: usize = c.iter().map(|t| be.dims(t).0 * be.dims(t).1 * 4).sum();
-                    tracing::debug!("recurrent-state snapshot: {bytes} bytes");
-                }
+                static LOGGED: std::sync::Once = std::sync::Once::new();
+                LOGGED.call_once(|| {
+                    let values: usize = c.iter().map(|t| be.dims(t).0 * be.dims(t).1).sum();
+                    tracing::info!(
+                        "recurrent-state snapshots: {:.1} MiB each (f32), every {every} \
+                         positions and at each prompt's end, the newest {} kept per sequence",
+                        (values * 4) as f64 / (1 << 20) as f64,
+                        t.snapshot_keep
+                    );
+                });
                 self.snaps.retain(|(p, _)| *p < end);
                 self.snaps.push((end, c));
                 let extra = self.snaps.len().saturating_sub(t.snapshot_keep);

@@ -202,18 +202,28 @@ impl CudaBackend {
         })
     }
 
-    /// Compile (or fetch from the disk cache) the PTX of every kernel instance this device runs
-    /// for the formats of the weights uploaded so far, the float formats and the cache type, on
-    /// several threads with a progress bar when `show_progress` (a server's start on a cold
-    /// kernel cache: the warm-up then finds them compiled). Returns the instances covered.
+    /// Compile (or fetch from the disk cache) the PTX of every kernel instance this device
+    /// resolves to for the formats of the weights uploaded so far, the float formats and the
+    /// cache type, on several threads with a progress bar when `show_progress` (a server's
+    /// start on a cold kernel cache: the warm-up then finds them compiled). Returns the
+    /// instances covered.
     pub fn precompile_model(&self, show_progress: bool) -> std::result::Result<usize, CudaError> {
         let mut quants = lock(&self.weight_quants).clone();
         quants.extend([Quant::F32, Quant::F16, Quant::Bf16]);
         quants.insert(crate::backend::cuda::ops::attention::kv::kv_quant(
             self.kv_type,
         ));
-        self.dev
-            .precompile_where(|k| quants.contains(&k.quant), show_progress)
+        // the instance the device resolves each key to (not the generic fallbacks)
+        let dev = &self.dev;
+        dev.precompile_where(
+            |k| {
+                quants.contains(&k.quant)
+                    && dev
+                        .resolve(k.op, k.quant, k.head_dim, k.batch)
+                        .is_ok_and(|r| r.key == *k)
+            },
+            show_progress,
+        )
     }
 
     /// Lay the caches of up to `slots` sequences out side by side (a KV arena, allocated at the

@@ -455,9 +455,11 @@ impl CudaDevice {
 impl CudaDevice {
     /// Decode attention of one query row per sequence (`q` f32 `[slots.len(), n_heads *
     /// head_dim]`, row b at position `pos[b]`) over the caches of `ordinal` in `kind` of the KV
-    /// arena, sequence b's in slot `slots[b]`: one launch, a block table row per sequence. As
-    /// [`Self::attention`]'s decode branch otherwise (the checks of each sequence's cache are the
-    /// caller's). Returns `[slots.len(), n_heads * head_dim]` f32 from `pool`.
+    /// arena, sequence b's in slot `slots[b]`: one launch, a block table row per sequence, each
+    /// sequence split as [`Self::attention`]'s decode branch splits it alone (the same blocks
+    /// compute it, in the same order: a row's output is the one it gets alone). The checks of
+    /// each sequence's cache are the caller's. Returns `[slots.len(), n_heads * head_dim]` f32
+    /// from `pool`.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_slots(
         &self,
@@ -491,8 +493,9 @@ impl CudaDevice {
         let spec = self.resolve(Op::AttnDecode, kv_quant(kind.kv_type), hd, BatchBucket::Any)?;
         let head_split = decode_launch_head_split(spec, p.n_heads / p.n_kv_heads, d);
         let min_chunk = min_split_keys(head_split == 1 && decode_gqa_default(spec));
-        // as many blocks as one sequence's launch would have, over all the sequences
-        let splits = decode_splits(layout.capacity, p.n_kv_heads * b, p.window, min_chunk);
+        // each sequence's splits (and so its chunks, entry and merge) as its own launch would
+        // have them, whatever else is in the batch: its output does not depend on the batch
+        let splits = decode_splits(layout.capacity, p.n_kv_heads, p.window, min_chunk);
         let table = kind.table(pool, slots)?;
         let counters = kind
             .counters(b * p.n_kv_heads * head_split)
