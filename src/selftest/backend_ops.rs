@@ -136,6 +136,7 @@ pub fn run(dev: std::sync::Arc<CudaDevice>, seed: u64) -> R<Vec<OpRow>> {
     crate::selftest::backend_fused::attn_prep_cases(&mut cx);
     crate::selftest::attention::backend_attend::attend_cases(&mut cx);
     crate::selftest::attention::backend_kv::kv_recycle_cases(&mut cx);
+    crate::selftest::attention::backend_arena::arena_cases(&mut cx);
     crate::selftest::linear::backend_prefill::prefill_cases(&mut cx);
     crate::selftest::moe::backend_moe::moe_fused_cases(&mut cx);
     Ok(cx.rows)

@@ -1,6 +1,7 @@
 pub(crate) mod attn_decode;
 pub(crate) mod attn_prefill;
 pub(crate) mod attn_prep;
+pub(crate) mod backend_arena;
 pub(crate) mod backend_attend;
 pub(crate) mod backend_kv;
 pub(crate) mod backend_qkv;
