@@ -9,16 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use fucina::model::{CausalLm, Session};
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+use fucina::sampling::argmax;
 
 fn prompt(model: &Arc<dyn CausalLm>, n: usize) -> Vec<u32> {
     let vocab = model.info().vocab_size as u32;

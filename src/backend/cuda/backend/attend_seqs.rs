@@ -70,16 +70,9 @@ impl CudaBackend {
             check_kv_positions(c, s.pos0, s.rows)?;
         }
         let kind = first.kind();
-        let page0 = |slot: usize| {
-            i32::try_from(kind.seq_page0(slot))
-                .map_err(|_| shape(OP, format!("slot {slot}'s pages exceed i32")))
-        };
-        let mut rows = Vec::with_capacity(q.rows);
-        for (s, &slot) in seqs.iter().zip(&slots) {
-            rows.extend(std::iter::repeat_n(page0(slot)?, s.rows));
-        }
-        let max = slots.iter().map(|&s| kind.seq_page0(s)).max().unwrap_or(0);
-        let dpage0 = self.pool.upload(&rows)?;
+        let per_seq: Vec<(usize, usize)> =
+            slots.iter().zip(seqs).map(|(&s, q)| (s, q.rows)).collect();
+        let (pages, max) = kind.row_pages(&self.pool, &per_seq)?;
         let pos = step.dev().positions(OP, q.rows)?;
         let q_out = self.alloc_tensor(q.rows, q.cols)?;
         let (launch, mut bufs) = self.prep_parts((q, k, v), caches[0], p, pos, q_out.ptr())?;
@@ -89,10 +82,7 @@ impl CudaBackend {
         bufs.k_cache = kc;
         bufs.v_cache = vc;
         bufs.scales = scales;
-        bufs.page0 = Some(RowPages {
-            pages: dpage0.ptr(),
-            max,
-        });
+        bufs.page0 = Some(RowPages { pages, max });
         let quant = kv_quant(kind.kv_type);
         match attn_prep_rows_suffix(p.rope.head_dim).filter(|_| q.rows >= PREFILL_MIN_ROWS) {
             Some(sfx) => {

@@ -79,7 +79,32 @@ pub struct ArenaKind {
     counters: DevBuf,
     /// The last batched decode block table made, by the slots it was made for (every layer of
     /// the kind and step reads the same one).
-    table: Mutex<Option<(Vec<usize>, DevBuf)>>,
+    table: Kept<Vec<usize>>,
+    /// The last rows' first pages made (`row_pages`), by the (slot, rows) of each sequence.
+    rows: Kept<Vec<(usize, usize)>>,
+}
+
+/// A device buffer made for a key, kept until another key asks (what every layer of a step
+/// reads alike).
+type Kept<K> = Mutex<Option<(K, DevBuf)>>;
+
+/// The buffer `kept` holds for `key`, else `make()`'s values uploaded and kept.
+fn kept_upload<K: PartialEq>(
+    kept: &Kept<K>,
+    pool: &Arc<Pool>,
+    key: K,
+    make: impl FnOnce() -> Result<Vec<i32>, CudaError>,
+) -> Result<DevPtr<i32>, CudaError> {
+    let mut g = kept.lock().map_err(|_| bad("lock poisoned".into()))?;
+    if let Some((k, buf)) = g.as_ref() {
+        if *k == key {
+            return Ok(buf.ptr());
+        }
+    }
+    let buf = pool.upload(&make()?)?;
+    let ptr = buf.ptr();
+    *g = Some((key, buf));
+    Ok(ptr)
 }
 
 /// Pages of one slot's cache of a layout, and of all the slot's caches of that layout.
@@ -140,20 +165,36 @@ impl ArenaKind {
     /// p % ring_pages` past the base. Made once per set of slots and kept: every layer of the
     /// kind reads the same one.
     pub fn table(&self, pool: &Arc<Pool>, slots: &[usize]) -> Result<DevPtr<i32>, CudaError> {
-        let mut g = self
-            .table
-            .lock()
-            .map_err(|_| bad("table lock poisoned".into()))?;
-        if let Some((key, buf)) = g.as_ref() {
-            if key == slots {
-                return Ok(buf.ptr());
+        kept_upload(&self.table, pool, slots.to_vec(), || {
+            decode_table(&self.layout, self.per_seq, slots)
+        })
+    }
+}
+
+impl ArenaKind {
+    /// Each row's first page for a step whose sequence j holds `seqs[j].1` rows in slot
+    /// `seqs[j].0` (i32 per row: what `attn_prep`'s `page0` reads), and the largest. Made once
+    /// per step shape and kept: every layer of the kind reads the same one.
+    pub fn row_pages(
+        &self,
+        pool: &Arc<Pool>,
+        seqs: &[(usize, usize)],
+    ) -> Result<(DevPtr<i32>, usize), CudaError> {
+        let max = seqs
+            .iter()
+            .map(|&(s, _)| self.seq_page0(s))
+            .max()
+            .unwrap_or(0);
+        let ptr = kept_upload(&self.rows, pool, seqs.to_vec(), || {
+            let mut rows = Vec::new();
+            for &(slot, n) in seqs {
+                let page = i32::try_from(self.seq_page0(slot))
+                    .map_err(|_| bad(format!("slot {slot}'s pages exceed i32")))?;
+                rows.extend(std::iter::repeat_n(page, n));
             }
-        }
-        let rows = decode_table(&self.layout, self.per_seq, slots)?;
-        let buf = pool.upload(&rows)?;
-        let ptr = buf.ptr();
-        *g = Some((slots.to_vec(), buf));
-        Ok(ptr)
+            Ok(rows)
+        })?;
+        Ok((ptr, max))
     }
 }
 
@@ -245,6 +286,7 @@ impl Plan {
                 scales,
                 counters,
                 table: Mutex::new(None),
+                rows: Mutex::new(None),
             });
         }
         Ok(Plan {

@@ -23,7 +23,7 @@ use super::decode::{
     decode_gqa_default, AttnDecodeLaunch, DecodeEntry, GqaMerge, MAX_DECODE_BLOCK_HEADS,
     MAX_DECODE_SPLITS,
 };
-use super::launch::{AttnPrefillLaunch, KvLayout};
+use super::launch::{AttnPrefillLaunch, KvLayout, KvScales};
 use crate::backend::cuda::ops::attention::cache::{GpuKvCache, KvMem};
 use crate::backend::cuda::runtime::buf::{DevBuf, DevPtr, Pool};
 use crate::backend::cuda::runtime::error::CudaError;
@@ -397,43 +397,19 @@ impl CudaDevice {
                 .ok_or_else(|| bad("attention", "cache without a block table".into()))?
                 .ptr::<i32>();
             let pages = layout.pages();
-            let head_split = decode_launch_head_split(spec, p.n_heads / p.n_kv_heads, d);
+            let lp = decode_launch(spec, p, 1, cache.shape.capacity, pages);
             let (table, counters) = extra
                 .slice(0, pages)
-                .zip(extra.slice(pages, p.n_kv_heads * head_split))
+                .zip(extra.slice(pages, p.n_kv_heads * lp.head_split))
                 .ok_or_else(|| bad("attention", "block table without counters".into()))?;
-            let min_chunk = min_split_keys(head_split == 1 && decode_gqa_default(spec));
-            let splits = decode_splits(cache.shape.capacity, p.n_kv_heads, p.window, min_chunk);
-            let lp = AttnDecodeLaunch {
-                batch: 1,
-                hq: p.n_heads,
-                hkv: p.n_kv_heads,
-                head_split,
-                page_size: KV_PAGE,
-                max_pages: pages,
-                splits,
-                min_chunk,
-                scale: p.scale,
-                softcap,
-                window,
-                entry: DecodeEntry::Auto,
-                gqa_merge: GqaMerge::Auto,
-            };
-            let part_o = pool.alloc(p.n_heads * splits * d * 4)?;
-            let part_ml = pool.alloc(p.n_heads * splits * 2 * 4)?;
-            self.attn_decode(
+            self.decode_into(
+                pool,
                 spec,
                 &lp,
-                q,
-                kc,
-                vc,
-                scales,
+                (q, pos, d),
+                (kc, vc, scales),
                 table,
-                pos,
-                part_o.f32(),
-                part_ml.f32(),
-                out.f32(),
-                q8,
+                (out.f32(), q8),
                 counters.cast::<u32>(),
             )?;
         } else {
@@ -452,7 +428,71 @@ impl CudaDevice {
     }
 }
 
+/// The split-K decode launch of `batch` sequences of a cache of `capacity` positions in `pages`
+/// pages: head split, fewest keys per split and splits from the cache and the parameters only
+/// (not the batch, not the position), so a sequence is split the same way alone, in a batch and
+/// in every replay of a captured step.
+fn decode_launch(
+    spec: &KernelSpec,
+    p: &AttnParams,
+    batch: usize,
+    capacity: usize,
+    pages: usize,
+) -> AttnDecodeLaunch {
+    let head_split = decode_launch_head_split(spec, p.n_heads / p.n_kv_heads, p.head_dim);
+    let min_chunk = min_split_keys(head_split == 1 && decode_gqa_default(spec));
+    AttnDecodeLaunch {
+        batch,
+        hq: p.n_heads,
+        hkv: p.n_kv_heads,
+        head_split,
+        page_size: KV_PAGE,
+        max_pages: pages,
+        splits: decode_splits(capacity, p.n_kv_heads, p.window, min_chunk),
+        min_chunk,
+        scale: p.scale,
+        softcap: p.softcap.unwrap_or(0.0),
+        window: p.window.unwrap_or(0),
+        entry: DecodeEntry::Auto,
+        gqa_merge: GqaMerge::Auto,
+    }
+}
+
 impl CudaDevice {
+    /// `lp` over `q` (heads of `d`) at `pos` into `out` (and its int8 side-car `q8`), the split
+    /// partials from `pool`.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_into(
+        &self,
+        pool: &Arc<Pool>,
+        spec: &'static KernelSpec,
+        lp: &AttnDecodeLaunch,
+        (q, pos, d): (DevPtr<f32>, DevPtr<i32>, usize),
+        (kc, vc, scales): (DevPtr<u8>, DevPtr<u8>, KvScales),
+        table: DevPtr<i32>,
+        (out, q8): (DevPtr<f32>, Option<Q8Ptrs>),
+        counters: DevPtr<u32>,
+    ) -> Result<(), CudaError> {
+        let heads = lp.batch * lp.hq;
+        let part_o = pool.alloc(heads * lp.splits * d * 4)?;
+        let part_ml = pool.alloc(heads * lp.splits * 2 * 4)?;
+        self.attn_decode(
+            spec,
+            lp,
+            q,
+            kc,
+            vc,
+            scales,
+            table,
+            pos,
+            part_o.f32(),
+            part_ml.f32(),
+            out,
+            q8,
+            counters,
+        )
+    }
+
     /// Decode attention of one query row per sequence (`q` f32 `[slots.len(), n_heads *
     /// head_dim]`, row b at position `pos[b]`) over the caches of `ordinal` in `kind` of the KV
     /// arena, sequence b's in slot `slots[b]`: one launch, a block table row per sequence, each
@@ -491,14 +531,12 @@ impl CudaDevice {
             ));
         }
         let spec = self.resolve(Op::AttnDecode, kv_quant(kind.kv_type), hd, BatchBucket::Any)?;
-        let head_split = decode_launch_head_split(spec, p.n_heads / p.n_kv_heads, d);
-        let min_chunk = min_split_keys(head_split == 1 && decode_gqa_default(spec));
-        // each sequence's splits (and so its chunks, entry and merge) as its own launch would
-        // have them, whatever else is in the batch: its output does not depend on the batch
-        let splits = decode_splits(layout.capacity, p.n_kv_heads, p.window, min_chunk);
+        // each sequence split as its own launch splits it (`decode_launch` from the capacity and
+        // window, not the batch): its output does not depend on what else is in the batch
+        let lp = decode_launch(spec, p, b, layout.capacity, layout.pages());
         let table = kind.table(pool, slots)?;
         let counters = kind
-            .counters(b * p.n_kv_heads * head_split)
+            .counters(b * p.n_kv_heads * lp.head_split)
             .ok_or_else(|| {
                 bad(
                     "attention",
@@ -508,37 +546,15 @@ impl CudaDevice {
         let (kc, vc, scales) = kind
             .base(ordinal, arena_slots)
             .ok_or_else(|| bad("attention", format!("cache {ordinal} past the arena")))?;
-        let lp = AttnDecodeLaunch {
-            batch: b,
-            hq: p.n_heads,
-            hkv: p.n_kv_heads,
-            head_split,
-            page_size: KV_PAGE,
-            max_pages: layout.pages(),
-            splits,
-            min_chunk,
-            scale: p.scale,
-            softcap: p.softcap.unwrap_or(0.0),
-            window: p.window.unwrap_or(0),
-            entry: DecodeEntry::Auto,
-            gqa_merge: GqaMerge::Auto,
-        };
         let out = pool.alloc(rows * 4)?;
-        let part_o = pool.alloc(rows * splits * 4)?;
-        let part_ml = pool.alloc(b * p.n_heads * splits * 2 * 4)?;
-        self.attn_decode(
+        self.decode_into(
+            pool,
             spec,
             &lp,
-            q,
-            kc,
-            vc,
-            scales,
+            (q, pos, d),
+            (kc, vc, scales),
             table,
-            pos,
-            part_o.f32(),
-            part_ml.f32(),
-            out.f32(),
-            None,
+            (out.f32(), None),
             counters,
         )?;
         Ok(out)
